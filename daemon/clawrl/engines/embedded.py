@@ -1,0 +1,263 @@
+"""The embedded engine: transformers in this process, one worker thread that owns the model.
+
+Scheduling: requests wait in a FIFO; up to `engine.max_concurrent` are active at once. Each pass
+of the worker gives every active request one unit of work — a prefill chunk or one decoded token —
+so a long prompt never starves a stream that is already decoding, and nobody waits behind a full
+answer. Cancelled requests (client gone) stop at their next step.
+
+Prefix reuse: every request's KV cache lives in a small pool keyed by the tokens it holds.
+A new request takes the cache with the longest common prefix (OpenClaw resends the same ~10k-token
+system prompt on each call), crops it to that prefix and prefills only the rest. A cache still in
+use by another request is copied, never shared. Idle caches are evicted least-recently-used.
+
+Logprobs are those of the model itself (temperature 1, before top-p), as OpenAI and vLLM report
+them and as the trainer recomputes them; sampling applies temperature and top-p on top.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..chat_format import render_prompt, template_supports_tools
+from ..config import Config
+from ..errors import RequestError
+from ..models import log, provision
+from ..types import Finish, GenParams, TokenEvent
+from .base import Generation
+
+PREFILL_CHUNK = 512      # prompt tokens per scheduling step
+MIN_REUSE = 16           # shorter common prefixes are not worth taking a cache for
+
+
+def _bf16_supported() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class _Entry:
+    """A KV cache and exactly the tokens it holds."""
+    ids: list[int]
+    cache: object
+    in_use: bool = True
+    used_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Request:
+    gen: Generation
+    entry: _Entry
+    generator: torch.Generator
+    next_token: int | None = None     # sampled, sent, not yet fed to the model
+    out_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    cached: int = 0
+
+
+class EmbeddedEngine:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.model_id = cfg.model.name
+        self.context_length = cfg.model.context_length
+        self.adapter_version = 0
+        self.parse_tools = True
+        self.model = None
+        self.tokenizer = None
+        self._pending: collections.deque[Generation] = collections.deque()
+        self._active: list[_Request] = []
+        self._pool: list[_Entry] = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = provision(self.cfg.model.source, self.cfg.models_dir, self.cfg.home / "cache")
+        want = self.cfg.engine.dtype
+        if want == "auto":
+            want = "bfloat16" if _bf16_supported() else "float32"
+        self.dtype = getattr(torch, want)
+        torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).eval()
+        self.model.generation_config.max_length = None  # we bound length ourselves
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_ids = {i for i in eos + [self.tokenizer.eos_token_id] if i is not None}
+        self.tools_in_template = template_supports_tools(self.tokenizer)
+        log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want})")
+        self._thread = threading.Thread(target=self._run, name="clawrl-engine", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    # -- proxy-facing -------------------------------------------------------------------------
+    def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        ids = render_prompt(self.tokenizer, messages, tools)
+        if len(ids) >= self.context_length:
+            raise RequestError(
+                f"This model's maximum context length is {self.context_length} tokens, but the "
+                f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
+                param="messages", code="context_length_exceeded")
+        return ids
+
+    def submit(self, prompt_ids: list[int], params: GenParams) -> Generation:
+        import asyncio
+        gen = Generation(prompt_ids, params, asyncio.get_running_loop())
+        with self._cv:
+            self._pending.append(gen)
+            self._cv.notify()
+        return gen
+
+    def queue_depth(self) -> int:
+        """Requests waiting for a decode slot (not counting the active ones)."""
+        return len(self._pending)
+
+    def active_count(self) -> int:
+        return len(self._active)
+
+    # -- worker ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
+        while True:
+            with self._cv:
+                while not self._stop and not self._pending and not self._active:
+                    self._cv.wait()
+                if self._stop:
+                    break
+                admit = []
+                while self._pending and len(self._active) + len(admit) < self.cfg.engine.max_concurrent:
+                    admit.append(self._pending.popleft())
+            for gen in admit:
+                self._active.append(self._admit(gen))
+            for req in list(self._active):
+                try:
+                    done = self._step(req)
+                except Exception as e:  # a bad request must not take the engine down
+                    log(f"generation failed: {e!r}")
+                    req.gen.close(error=e)
+                    self._pool = [x for x in self._pool if x is not req.entry]
+                    self._active.remove(req)
+                    continue
+                if done:
+                    self._active.remove(req)
+                    self._release(req.entry)
+        for req in self._active:
+            req.gen.close(Finish("cancelled", len(req.gen.prompt_ids), len(req.out_ids)))
+
+    def _admit(self, gen: Generation) -> _Request:
+        from transformers import DynamicCache
+
+        ids = gen.prompt_ids
+        best, best_n = None, 0
+        for e in self._pool:
+            n = _lcp(e.ids, ids)
+            if n > best_n:
+                best, best_n = e, n
+        best_n = min(best_n, len(ids) - 1)   # always feed at least the last prompt token
+        if best is not None and best_n >= MIN_REUSE:
+            if best.in_use:
+                cache = copy.deepcopy(best.cache)
+            else:
+                cache = best.cache
+                self._pool.remove(best)
+            cache.crop(-(cache.get_seq_length() - best_n))
+            entry = _Entry(list(ids[:best_n]), cache)
+        else:
+            entry, best_n = _Entry([], DynamicCache(config=self.model.config)), 0
+        self._pool.append(entry)
+        g = torch.Generator()
+        g.manual_seed(gen.params.seed if gen.params.seed is not None else int.from_bytes(os.urandom(4), "little"))
+        return _Request(gen=gen, entry=entry, generator=g, cached=best_n)
+
+    def _release(self, entry: _Entry) -> None:
+        entry.in_use = False
+        entry.used_at = time.monotonic()
+        idle = sorted((e for e in self._pool if not e.in_use), key=lambda e: e.used_at)
+        for e in idle[:max(0, len(idle) - self.cfg.engine.prefix_cache_entries)]:
+            self._pool.remove(e)
+
+    @torch.inference_mode()
+    def _forward(self, req: _Request, tokens: list[int]) -> torch.Tensor:
+        out = self.model(input_ids=torch.tensor([tokens]), cache=req.entry.cache, use_cache=True,
+                         logits_to_keep=1)
+        req.entry.ids.extend(tokens)
+        return out.logits[0, -1].float()
+
+    def _step(self, req: _Request) -> bool:
+        """One unit of work; True when the request is finished."""
+        gen, ids = req.gen, req.gen.prompt_ids
+        if gen.cancelled:
+            gen.close(self._finish(req, "cancelled"))
+            return True
+        fed = len(req.entry.ids)
+        if req.next_token is None:                        # still prefilling
+            chunk = ids[fed:fed + PREFILL_CHUNK]
+            logits = self._forward(req, chunk)
+            if len(req.entry.ids) < len(ids):
+                return False
+        else:
+            logits = self._forward(req, [req.next_token])
+        return self._emit(req, logits)
+
+    def _emit(self, req: _Request, logits: torch.Tensor) -> bool:
+        p = req.gen.params
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if p.temperature <= 1e-5:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                sorted_p[(sorted_p.cumsum(0) - sorted_p) > p.top_p] = 0.0
+                token = int(order[torch.multinomial(sorted_p, 1, generator=req.generator)])
+            else:
+                token = int(torch.multinomial(probs, 1, generator=req.generator))
+        lp = float(logprobs[token])
+        if token in self.eos_ids:
+            req.gen.put(TokenEvent(token, lp, ""))
+            req.out_ids.append(token)
+            req.gen.close(self._finish(req, "stop"))
+            return True
+        req.out_ids.append(token)
+        text = self.tokenizer.decode(req.out_ids, skip_special_tokens=True,
+                                     clean_up_tokenization_spaces=False)
+        delta = ""
+        if not text.endswith("\ufffd"):        # wait for the rest of a multi-byte character
+            delta, req.text = text[len(req.text):], text
+        req.gen.put(TokenEvent(token, lp, delta))
+        req.next_token = token
+        total = len(req.gen.prompt_ids) + len(req.out_ids)
+        if len(req.out_ids) >= p.max_tokens or total >= self.context_length:
+            req.gen.close(self._finish(req, "length"))
+            return True
+        return False
+
+    def _finish(self, req: _Request, reason: str) -> Finish:
+        return Finish(reason, len(req.gen.prompt_ids), len(req.out_ids), req.cached,
+                      self.adapter_version)

@@ -1,0 +1,84 @@
+"""Append-only schema migrations for the turn log. Never edit a shipped one: add the next.
+
+Each is a named function run once, in order, inside the transaction that records it in
+`_migrations`. Opening the store runs the ones not yet applied.
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+
+
+def migration(fn: Callable[[sqlite3.Connection], None]):
+    MIGRATIONS.append(fn)
+    return fn
+
+
+@migration
+def m001_sessions_and_turns(db: sqlite3.Connection) -> None:
+    db.execute("""
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            user_id TEXT,
+            derived INTEGER NOT NULL DEFAULT 0,   -- id derived from the opening messages
+            created_at REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            ended_at REAL
+        )""")
+    db.execute("""
+        CREATE TABLE turns (
+            id INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL REFERENCES sessions(id),
+            user_id TEXT,
+            turn_index INTEGER NOT NULL,          -- 0, 1, 2, ... within the session
+            turn_type TEXT NOT NULL,              -- main | side
+            kind TEXT NOT NULL,                   -- main, heartbeat, memory, cron, ...
+            trainable INTEGER NOT NULL,           -- main and not opted out
+            status TEXT NOT NULL,                 -- started | complete | cancelled | failed
+            model TEXT NOT NULL,
+            adapter_version INTEGER NOT NULL,
+            request_json TEXT NOT NULL,           -- {messages, tools, params}
+            n_messages INTEGER NOT NULL,
+            prompt_ids TEXT NOT NULL,             -- JSON list of token ids
+            response_text TEXT,
+            response_ids TEXT,                    -- JSON list, EOS included when generated
+            response_logprobs TEXT,               -- JSON list, one per response id
+            tool_calls TEXT,                      -- JSON list in OpenAI shape
+            finish_reason TEXT,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            cached_tokens INTEGER,
+            error TEXT,
+            created_at REAL NOT NULL,
+            completed_at REAL,
+            ttft_ms REAL,
+            total_ms REAL,
+            next_state_role TEXT,                 -- user | tool | ...
+            next_state_json TEXT,                 -- the messages that followed the response
+            next_state_at REAL,
+            judge_votes TEXT,
+            judge_score REAL,
+            judge_hint TEXT,
+            teacher_logprobs TEXT,
+            train_status TEXT,
+            trained_adapter INTEGER
+        )""")
+    db.execute("CREATE INDEX turns_session ON turns(session_id, turn_index)")
+    db.execute("CREATE INDEX turns_status ON turns(status)")
+
+
+def apply(db: sqlite3.Connection) -> list[str]:
+    """Run the migrations not yet applied; return their names."""
+    db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+    done = {r[0] for r in db.execute("SELECT name FROM _migrations")}
+    ran = []
+    for fn in MIGRATIONS:
+        if fn.__name__ in done:
+            continue
+        with db:
+            fn(db)
+            db.execute("INSERT INTO _migrations VALUES (?, julianday('now'))", (fn.__name__,))
+        ran.append(fn.__name__)
+    return ran

@@ -1,0 +1,325 @@
+"""The OpenAI-compatible HTTP API (Starlette): chat completions with real streaming, models,
+health and readiness, and session ends.
+
+A chat request is validated, attributed, rendered to prompt tokens and submitted to the engine;
+its turn row is written while the engine prefills. Each token the engine yields is sent on as it
+comes (one SSE chunk per token) and kept on the side; the turn is completed when the stream ends,
+whether it ended normally, at a stop string, by a client disconnect or by an error.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .chat_request import ChatRequest, attribute, parse_chat
+from .config import Config
+from .engines.base import Engine, Generation
+from .errors import RequestError
+from .store import Store
+from .toolcalls import OutputParser
+from .types import Attribution, Finish, GenParams
+
+log = logging.getLogger("clawrl.proxy")
+
+
+@dataclass
+class DaemonState:
+    """What the handlers share: set up by the server, read by every request."""
+    cfg: Config
+    engine: Engine
+    store: Store | None = None
+    ready: bool = False
+    load_error: str | None = None
+    started: float = field(default_factory=time.time)
+
+
+def error_response(err: RequestError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+# -- request plumbing --------------------------------------------------------------------------------
+
+async def _read_json(request: Request, limit: int):
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"request body is larger than {limit} bytes", status=413,
+                           code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"request body is larger than {limit} bytes", status=413,
+                               code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+class _Turn:
+    """One response being produced: what the client has been sent, kept for the turn log."""
+
+    def __init__(self, state: DaemonState, req: ChatRequest, att: Attribution, gen: Generation,
+                 arrived: float):
+        self.state, self.req, self.att, self.gen, self.arrived = state, req, att, gen, arrived
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.parser = OutputParser(req.stop, parse_tools=bool(req.tools))
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.token_texts: list[str] = []
+        self.first_token: float | None = None
+        self.turn_id: int | None = None
+        self.finish: Finish | None = None
+        self.tool_calls: list[dict] = []
+
+    async def deltas(self):
+        """Content deltas as tokens arrive; ends at EOS, the length limit or a stop string."""
+        async for ev in self.gen:
+            if self.first_token is None:
+                self.first_token = time.perf_counter()
+            self.token_ids.append(ev.token_id)
+            self.logprobs.append(ev.logprob)
+            self.token_texts.append(ev.text)
+            out = self.parser.feed(ev.text)
+            if out:
+                yield out
+            if self.parser.stopped:
+                self.gen.cancel()
+                break
+        self.finish = await self.gen.wait()
+        rest, self.tool_calls = self.parser.finish()
+        if rest:
+            yield rest
+
+    @property
+    def finish_reason(self) -> str:
+        if self.tool_calls:
+            return "tool_calls"
+        if self.parser.stopped:
+            return "stop"
+        return self.finish.reason if self.finish else "stop"
+
+    def usage(self) -> dict:
+        prompt = len(self.gen.prompt_ids)
+        cached = self.finish.cached_tokens if self.finish else 0
+        return {"prompt_tokens": prompt, "completion_tokens": len(self.token_ids),
+                "total_tokens": prompt + len(self.token_ids),
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def logprobs_block(self) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, lp in zip(self.token_texts, self.logprobs)]}
+
+    async def record(self, status: str, error: str | None = None) -> None:
+        """Complete the turn row. Shielded: a client that disconnects cannot cut this short."""
+        if self.turn_id is None or self.state.store is None:
+            return
+        now = time.perf_counter()
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.state.store.finish_turn(
+                    self.turn_id, status=status, text=self.parser.content or self.parser.text,
+                    token_ids=self.token_ids, logprobs=self.logprobs, tool_calls=self.tool_calls,
+                    finish=self.finish, error=error,
+                    ttft_ms=(self.first_token - self.arrived) * 1000 if self.first_token else None,
+                    total_ms=(now - self.arrived) * 1000)
+                if self.att.session_done:
+                    await self.state.store.end_session(self.att.session_id)
+            except Exception:
+                log.exception("could not complete turn %s in the turn log", self.turn_id)
+
+    def chunk(self, delta: dict, finish_reason: str | None = None, logprobs=None) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.state.engine.model_id,
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                             "finish_reason": finish_reason}]}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def _stream(turn: _Turn):
+    status, error = "cancelled", None
+    try:
+        yield turn.chunk({"role": "assistant", "content": ""})
+        async for text in turn.deltas():
+            yield turn.chunk({"content": text})
+        for i, call in enumerate(turn.tool_calls):
+            yield turn.chunk({"tool_calls": [{"index": i, **call}]})
+        yield turn.chunk({}, turn.finish_reason, turn.logprobs_block())
+        if turn.req.include_usage:
+            body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
+                    "model": turn.state.engine.model_id, "choices": [], "usage": turn.usage()}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+        status = "complete"
+    except Exception as e:  # the engine failed mid-stream: tell the client in-band
+        log.exception("generation failed")
+        status, error = "failed", repr(e)
+        yield f"data: {json.dumps({'error': {'message': 'generation failed: ' + str(e), 'type': 'server_error', 'param': None, 'code': 'engine_error'}})}\n\n"
+    finally:
+        turn.gen.cancel()
+        await turn.record(status, error)
+
+
+async def _complete(turn: _Turn) -> JSONResponse:
+    status, error = "cancelled", None
+    try:
+        async for _ in turn.deltas():
+            pass
+        status = "complete"
+    except Exception as e:
+        log.exception("generation failed")
+        status, error = "failed", repr(e)
+        return JSONResponse({"error": {"message": f"generation failed: {e}", "type": "server_error",
+                                       "param": None, "code": "engine_error"}}, status_code=500)
+    finally:
+        turn.gen.cancel()
+        await turn.record(status, error)
+    message = {"role": "assistant", "content": turn.parser.content}
+    if turn.tool_calls:
+        message["tool_calls"] = turn.tool_calls
+        message["content"] = turn.parser.content or None
+    return JSONResponse({
+        "id": turn.id, "object": "chat.completion", "created": turn.created,
+        "model": turn.state.engine.model_id,
+        "choices": [{"index": 0, "message": message, "logprobs": turn.logprobs_block(),
+                     "finish_reason": turn.finish_reason}],
+        "usage": turn.usage()}, headers={"X-Clawrl-Turn-Id": str(turn.turn_id or "")})
+
+
+# -- handlers ----------------------------------------------------------------------------------------
+
+async def chat_completions(request: Request) -> Response:
+    state: DaemonState = request.app.state.daemon
+    arrived = time.perf_counter()
+    body = await _read_json(request, state.cfg.server.max_body_bytes)
+    req = parse_chat(body)
+    att = attribute(request.headers, body, req.messages)
+    if not state.ready:
+        raise RequestError("the model is still loading; retry shortly", status=503,
+                           type="server_error", code="model_loading", headers={"Retry-After": "2"})
+    engine = state.engine
+    if engine.queue_depth() >= state.cfg.engine.max_queue:
+        raise RequestError("too many requests are waiting; retry shortly", status=503,
+                           type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    prompt_ids = await asyncio.to_thread(engine.render, req.messages, req.tools)
+    budget = engine.context_length - len(prompt_ids)
+    params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
+                       temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed)
+    gen = engine.submit(prompt_ids, params)
+    turn = _Turn(state, req, att, gen, arrived)
+    record = {"messages": req.messages, "tools": req.tools,
+              "params": {"max_tokens": params.max_tokens, "temperature": params.temperature,
+                         "top_p": params.top_p, "stop": params.stop, "seed": params.seed}}
+    try:
+        turn.turn_id = await state.store.begin_turn(att, record, prompt_ids, engine.model_id,
+                                                    engine.adapter_version)
+    except Exception:  # serving goes on without the record; the log says why
+        log.exception("could not record turn for session %s", att.session_id)
+    headers = {"X-Clawrl-Turn-Id": str(turn.turn_id or ""), "X-Session-Id": att.session_id}
+    if req.stream:
+        return StreamingResponse(_stream(turn), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
+    response = await _complete(turn)
+    response.headers.update(headers)
+    return response
+
+
+async def models(request: Request) -> Response:
+    state: DaemonState = request.app.state.daemon
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.engine.model_id, "object": "model", "created": int(state.started),
+        "owned_by": "clawrl", "context_length": state.engine.context_length,
+        "max_model_len": state.engine.context_length}]})
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    state: DaemonState = request.app.state.daemon
+    if state.ready:
+        counts = await state.store.counts()
+        return JSONResponse({"status": "ready", "model": state.engine.model_id,
+                             "adapter_version": state.engine.adapter_version,
+                             "context_length": state.engine.context_length,
+                             "queue": state.engine.queue_depth(), **counts})
+    status = "failed" if state.load_error else "loading"
+    return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
+
+
+async def end_session(request: Request) -> Response:
+    state: DaemonState = request.app.state.daemon
+    session_id = request.path_params["session_id"]
+    await state.store.end_session(session_id)
+    return JSONResponse({"session_id": session_id, "ended": True})
+
+
+# -- errors and auth ---------------------------------------------------------------------------------
+
+async def _request_error(request: Request, exc: RequestError) -> Response:
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(RequestError(f"{request.method} {request.url.path}: {exc.detail}",
+                                       status=exc.status_code, code=kind))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return JSONResponse({"error": {"message": "internal error", "type": "server_error",
+                                   "param": None, "code": None}}, status_code=500)
+
+
+class ApiKeyMiddleware:
+    """With an API key configured, every route but the probes needs `Authorization: Bearer KEY`."""
+    OPEN = ("/healthz", "/readyz")
+
+    def __init__(self, app, api_key: str):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.api_key and scope["path"] not in self.OPEN:
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {self.api_key}":
+                resp = error_response(RequestError(
+                    "missing or wrong API key: send 'Authorization: Bearer <server.api_key>'",
+                    status=401, type="authentication_error", code="invalid_api_key"))
+                await resp(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(state: DaemonState, lifespan=None) -> Starlette:
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/sessions/{session_id}/end", end_session, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ],
+        middleware=[Middleware(ApiKeyMiddleware, api_key=state.cfg.server.api_key)],
+        exception_handlers={RequestError: _request_error, HTTPException: _http_error,
+                            Exception: _server_error},
+        lifespan=lifespan)
+    app.state.daemon = state
+    return app

@@ -1,0 +1,164 @@
+"""The turn log: one SQLite file (WAL), written by the daemon through one aiosqlite connection.
+
+A turn's row is inserted when its request arrives and completed when its response ends, so a
+crash mid-stream leaves a row with status `started`, never nothing. Each write is one transaction.
+When a main turn arrives, the messages it adds after the previous main turn's response (a user
+reply, tool results) are stored on that previous turn as its next state.
+
+Reads for the CLI go through plain sqlite3 on the same file (`read_*` functions below).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import aiosqlite
+
+from . import migrations
+from .types import Attribution, Finish
+
+
+def _connect_sync(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA busy_timeout=5000")
+    return db
+
+
+def _dumps(x) -> str:
+    return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
+
+
+class Store:
+    def __init__(self, db: aiosqlite.Connection):
+        self.db = db
+        # One connection serves every coroutine: writes take turns so that no statement lands
+        # inside another coroutine's open transaction.
+        self.lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: Path) -> "Store":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sync = sqlite3.connect(path)
+        sync.execute("PRAGMA journal_mode=WAL")
+        migrations.apply(sync)
+        sync.close()
+        db = await aiosqlite.connect(path, isolation_level=None)
+        await db.execute("PRAGMA synchronous=NORMAL")   # WAL: a killed process loses nothing
+        await db.execute("PRAGMA busy_timeout=5000")
+        await db.execute("PRAGMA foreign_keys=ON")
+        db.row_factory = aiosqlite.Row
+        return cls(db)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def begin_turn(self, att: Attribution, request: dict, prompt_ids: list[int], model: str,
+                         adapter_version: int) -> int:
+        """Record an arriving request; link it as the next state of the session's last main turn."""
+        async with self.lock:
+            return await self._begin_turn(att, request, prompt_ids, model, adapter_version)
+
+    async def _begin_turn(self, att: Attribution, request: dict, prompt_ids: list[int], model: str,
+                          adapter_version: int) -> int:
+        now = time.time()
+        messages = request["messages"]
+        trainable = att.turn_type == "main" and not att.no_train
+        await self.db.execute("BEGIN IMMEDIATE")
+        try:
+            await self.db.execute(
+                "INSERT INTO sessions (id, user_id, derived, created_at, last_seen) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(id) DO UPDATE SET last_seen=excluded.last_seen, "
+                "user_id=coalesce(excluded.user_id, sessions.user_id)",
+                (att.session_id, att.user_id, int(att.derived_session), now, now))
+            async with self.db.execute(
+                    "SELECT coalesce(max(turn_index)+1, 0) FROM turns WHERE session_id=?",
+                    (att.session_id,)) as cur:
+                (index,) = await cur.fetchone()
+            if att.turn_type == "main":
+                await self._link_next_state(att.session_id, messages, now)
+            cur = await self.db.execute(
+                "INSERT INTO turns (session_id, user_id, turn_index, turn_type, kind, trainable, status,"
+                " model, adapter_version, request_json, n_messages, prompt_ids, created_at)"
+                " VALUES (?,?,?,?,?,?,'started',?,?,?,?,?,?)",
+                (att.session_id, att.user_id, index, att.turn_type, att.kind, int(trainable), model,
+                 adapter_version, _dumps(request), len(messages), _dumps(prompt_ids), now))
+            turn_id = cur.lastrowid
+            await self.db.execute("COMMIT")
+        except BaseException:
+            await self.db.execute("ROLLBACK")
+            raise
+        return turn_id
+
+    async def _link_next_state(self, session_id: str, messages: list[dict], now: float) -> None:
+        async with self.db.execute(
+                "SELECT id, n_messages, next_state_at FROM turns WHERE session_id=? AND turn_type='main'"
+                " AND status='complete' ORDER BY turn_index DESC LIMIT 1", (session_id,)) as cur:
+            prev = await cur.fetchone()
+        if prev is None or prev["next_state_at"] is not None:
+            return
+        n = prev["n_messages"]
+        # The previous response comes back as messages[n]; what follows it is the next state.
+        if len(messages) <= n + 1 or messages[n].get("role") != "assistant":
+            return
+        following = messages[n + 1:]
+        await self.db.execute(
+            "UPDATE turns SET next_state_role=?, next_state_json=?, next_state_at=? WHERE id=?",
+            (following[0].get("role"), _dumps(following), now, prev["id"]))
+
+    async def finish_turn(self, turn_id: int, *, status: str, text: str, token_ids: list[int],
+                          logprobs: list[float], tool_calls: list[dict] | None, finish: Finish | None,
+                          ttft_ms: float | None, total_ms: float, error: str | None = None) -> None:
+        async with self.lock:
+            await self.db.execute(
+                "UPDATE turns SET status=?, response_text=?, response_ids=?, response_logprobs=?,"
+                " tool_calls=?, finish_reason=?, prompt_tokens=?, completion_tokens=?, cached_tokens=?,"
+                " error=?, completed_at=?, ttft_ms=?, total_ms=?, adapter_version=coalesce(?, adapter_version)"
+                " WHERE id=?",
+                (status, text, _dumps(token_ids), _dumps(logprobs),
+                 _dumps(tool_calls) if tool_calls else None,
+                 finish.reason if finish else None,
+                 finish.prompt_tokens if finish else None,
+                 len(token_ids), finish.cached_tokens if finish else None,
+                 error, time.time(), ttft_ms, total_ms,
+                 finish.adapter_version if finish else None, turn_id))
+
+    async def end_session(self, session_id: str) -> None:
+        async with self.lock:
+            await self.db.execute("UPDATE sessions SET ended_at=? WHERE id=? AND ended_at IS NULL",
+                                  (time.time(), session_id))
+
+    async def counts(self) -> dict:
+        async with self.db.execute(
+                "SELECT count(*), sum(status='started'), sum(trainable AND next_state_at IS NOT NULL)"
+                " FROM turns") as cur:
+            total, open_, with_next = await cur.fetchone()
+        return {"turns": total, "in_flight_or_incomplete": open_ or 0,
+                "with_next_state": with_next or 0}
+
+
+# -- reads for the CLI (plain sqlite3; safe while the daemon writes, thanks to WAL) ---------------
+
+def read_sessions(path: Path, limit: int = 50) -> list[dict]:
+    db = _connect_sync(path)
+    db.row_factory = sqlite3.Row
+    rows = db.execute(
+        "SELECT s.id, s.user_id, s.derived, s.created_at, s.last_seen, s.ended_at,"
+        " count(t.id) AS turns, sum(t.turn_type='main') AS main_turns"
+        " FROM sessions s LEFT JOIN turns t ON t.session_id = s.id"
+        " GROUP BY s.id ORDER BY s.last_seen DESC LIMIT ?", (limit,)).fetchall()
+    db.close()
+    return [dict(r) for r in rows]
+
+
+def read_turns(path: Path, session_id: str | None = None, limit: int = 50) -> list[dict]:
+    db = _connect_sync(path)
+    db.row_factory = sqlite3.Row
+    where, args = ("WHERE session_id=?", [session_id]) if session_id else ("", [])
+    rows = db.execute(
+        f"SELECT * FROM turns {where} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+    db.close()
+    return [dict(r) for r in reversed(rows)]

@@ -1,0 +1,51 @@
+"""The vocabulary the daemon speaks: request attribution, generation parameters, token events.
+
+Small dataclasses only; no behaviour beyond trivial helpers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TURN_TYPES = ("main", "side")
+# Kinds the OpenClaw extension sends; anything else is kept as given.
+MAIN_KINDS = ("main", "subagent")
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who and what a request is, from X-* headers or body fields of the same name."""
+    session_id: str
+    turn_type: str = "main"          # main | side
+    kind: str = "main"               # main, heartbeat, memory, cron, compaction, subagent, announce, ...
+    user_id: str | None = None
+    no_train: bool = False
+    session_done: bool = False
+    derived_session: bool = False    # no session header: id derived from the opening messages
+
+
+@dataclass
+class GenParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One served token: its id, its logprob under the model (temperature 1, no top-p),
+    and the text it adds to the response (may be empty while a multi-byte char completes)."""
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass
+class Finish:
+    """How a generation ended."""
+    reason: str                      # stop | length | tool_calls | cancelled | error
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0           # prompt tokens served from the prefix cache
+    adapter_version: int = 0
