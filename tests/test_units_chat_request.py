@@ -303,11 +303,6 @@ def test_model_not_a_string():
     reject(body(model=5), "model")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chat_request.parse_chat: OpenAI documents 'n' and 'stream' as nullable ('integer or null', "
-    "'boolean or null'), and parse_chat accepts null for temperature/top_p/max_tokens/stop/seed, "
-    "but body.get('n', 1) / body.get('stream', False) return None for an explicit null, which is "
-    "then rejected with a 400"))
 @pytest.mark.parametrize("key", ["n", "stream"])
 def test_explicit_null_n_and_stream_accepted(key):
     r = parse_chat(body(**{key: None}))

@@ -433,9 +433,6 @@ def test_override_host_still_needs_api_key():
     assert cfg.server.host == "0.0.0.0"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "config.load_config: an override naming an unknown section (e.g. 'bogus.port') reaches "
-    "_section_fields() and raises a bare KeyError instead of a ConfigError"))
 def test_override_unknown_section_is_a_config_error():
     with pytest.raises(ConfigError):
         load_config(env={}, overrides={"bogus.port": 1})
@@ -532,11 +529,6 @@ def test_a_failing_migration_is_not_recorded(db, monkeypatch):
     assert "m999_broken" not in names
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "migrations.apply: `with db:` on a default-isolation sqlite3 connection does not open a "
-    "transaction before DDL, so a migration that fails half-way leaves its CREATE TABLEs behind "
-    "(and re-running it then fails with 'table already exists'); the docstring promises each "
-    "migration runs inside the transaction that records it"))
 def test_a_failing_migration_leaves_no_partial_schema(db, monkeypatch):
     def m999_broken(conn):
         conn.execute("CREATE TABLE half_done (x)")

@@ -110,7 +110,7 @@ def parse_chat(body) -> ChatRequest:
     tools = _check_tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise _bad("only n = 1 is supported: one sample per request", "n", "invalid_value")
     max_tokens = _number(body, "max_completion_tokens", None, 1, 2**31, integer=True)
     if max_tokens is None:
@@ -122,7 +122,8 @@ def parse_chat(body) -> ChatRequest:
         stop = [stop]
     elif not (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop)):
         raise _bad("'stop' must be a string or an array of at most 4 strings", "stop", "invalid_value")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
     opts = body.get("stream_options") or {}

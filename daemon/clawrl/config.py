@@ -7,6 +7,7 @@ says how to fix it. Loading has no side effects beyond reading files.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -174,6 +175,8 @@ def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | N
         _apply(cfg, section, key, value, name, from_env=True)
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown override {dotted!r}; sections are: {', '.join(SECTIONS)}")
         if value is not None:
             _apply(cfg, section, key, value, f"--{key}", from_env=isinstance(value, str))
     cfg.home = Path(env.get("CLAWRL_HOME") or "~/.clawrl").expanduser()
@@ -183,7 +186,10 @@ def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | N
 
 def _check(cfg: Config) -> None:
     """Cross-key rules that no single key can express."""
-    loopback = cfg.server.host in ("127.0.0.1", "localhost", "::1") or cfg.server.host.startswith("127.")
+    try:
+        loopback = cfg.server.host == "localhost" or ipaddress.ip_address(cfg.server.host).is_loopback
+    except ValueError:
+        loopback = False
     if not loopback and not cfg.server.api_key:
         raise ConfigError(f"refusing to bind {cfg.server.host} without an API key: set server.api_key "
                           "in the recipe (or CLAWRL_SERVER_API_KEY), or bind 127.0.0.1")
@@ -199,5 +205,5 @@ def describe() -> str:
         lines.append(f"[{section}]")
         for name, f in _section_fields(section).items():
             default = f.default
-            lines.append(f"  {name} = {default!r:<28} # {f.metadata['help']}")
+            lines.append(f"  {f'{name} = {default!r}':<36} # {f.metadata['help']}")
     return "\n".join(lines)

@@ -71,14 +71,21 @@ def m001_sessions_and_turns(db: sqlite3.Connection) -> None:
 
 def apply(db: sqlite3.Connection) -> list[str]:
     """Run the migrations not yet applied; return their names."""
+    # Explicit transactions: sqlite3's implicit ones would commit DDL statement by statement.
+    db.isolation_level = None
     db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL)")
-    done = {r[0] for r in db.execute("SELECT name FROM _migrations")}
     ran = []
     for fn in MIGRATIONS:
-        if fn.__name__ in done:
-            continue
-        with db:
+        db.execute("BEGIN IMMEDIATE")   # also keeps two processes from running the same one
+        try:
+            if db.execute("SELECT 1 FROM _migrations WHERE name=?", (fn.__name__,)).fetchone():
+                db.execute("COMMIT")
+                continue
             fn(db)
             db.execute("INSERT INTO _migrations VALUES (?, julianday('now'))", (fn.__name__,))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
         ran.append(fn.__name__)
     return ran
