@@ -352,6 +352,29 @@ def stop_server(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
+def cpu_seconds(server_pid: int) -> tuple[float, float, float] | None:
+    """(whole machine busy, this process, the server) CPU seconds so far; None off Linux.
+    Their difference over the run is what other processes used: the contention."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        busy = (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick   # all but idle and iowait
+        with open(f"/proc/{server_pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        server = (int(rest[11]) + int(rest[12])) / tick           # utime + stime
+        return busy, time.process_time(), server
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def other_load(before, after, wall: float) -> float | None:
+    """Average cores used by processes other than the bench and its server during the run."""
+    if before is None or after is None or wall <= 0:
+        return None
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1]) - (after[2] - before[2])) / wall)
+
+
 def log_tail(path: Path, n: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -367,10 +390,13 @@ def verdict(value: float, target: float) -> str:
 
 def print_table(res: dict) -> None:
     a, b, c, m = res["overhead"], res["prefix"], res["concurrency"], res["meta"]
+    other = m["other_load_cores"]
     print(f"clawrl serving bench — {m['model']} ({m['dtype']}, {m['threads']} threads, "
-          f"{m['cpus']} CPUs), load avg {m['loadavg_start']:.2f} -> {m['loadavg_end']:.2f}")
-    if max(m["loadavg_start"], m["loadavg_end"]) > 0.5 * m["cpus"]:
-        print("  note: the machine was busy during this run; numbers may be contended")
+          f"{m['cpus']} CPUs), {m['wall_s']:.0f} s")
+    print(f"  load avg before the run {m['loadavg_start']:.2f}; other processes used "
+          + (f"{other:.2f} cores on average during it" if other is not None else "(unknown)"))
+    if other is None or other > 0.25 or m["loadavg_start"] > 0.5:
+        print("  note: the machine was (or may have been) busy: numbers may be contended")
     print()
     print(f"(a) proxy vs direct engine   {a['pairs']} pairs, max_tokens {a['max_tokens']}, "
           f"temperature 0, medians")
@@ -448,11 +474,14 @@ def main(argv=None) -> int:
         proc = start_server(env, port, work / "serve.log")
         wait_ready(proc, url)
         say("server ready")
+        t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
         results = asyncio.run(run_all(engine, url, args))
+        cpu1, t1 = cpu_seconds(proc.pid), time.perf_counter()
         results["meta"] = {
             "model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."),
             "threads": cfg.engine.threads or os.cpu_count(), "cpus": os.cpu_count(),
-            "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0],
+            "loadavg_start": load_start,
+            "other_load_cores": other_load(cpu0, cpu1, t1 - t0),
             "quick": args.quick, "home": str(home), "targets": TARGETS,
             "wall_s": time.perf_counter() - T_START}
         ok = True

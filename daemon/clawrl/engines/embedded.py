@@ -1,9 +1,11 @@
 """The embedded engine: transformers in this process, one worker thread that owns the model.
 
 Scheduling: requests wait in a FIFO; up to `engine.max_concurrent` are active at once. Each pass
-of the worker gives every active request one unit of work — a prefill chunk or one decoded token —
-so a long prompt never starves a stream that is already decoding, and nobody waits behind a full
-answer. Cancelled requests (client gone) stop at their next step.
+of the worker gives every active request one unit of work: a prefill chunk for each request still
+reading its prompt (prefilled alone: padding long prompts together wastes time), then one token
+for all decoding requests in a single batched forward (`kvbatch.DecodeBatch`). A long prompt never
+starves a stream that is already decoding, and nobody waits behind a full answer. Cancelled
+requests (client gone) stop at their next step.
 
 Prefix reuse: every request's KV cache lives in a small pool keyed by the tokens it holds.
 A new request takes the cache with the longest common prefix (OpenClaw resends the same ~10k-token
@@ -30,6 +32,7 @@ from ..errors import RequestError
 from ..models import log, provision
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation
+from .kvbatch import DecodeBatch
 
 PREFILL_CHUNK = 512      # prompt tokens per scheduling step
 MIN_REUSE = 16           # shorter common prefixes are not worth taking a cache for
@@ -86,6 +89,7 @@ class EmbeddedEngine:
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._batch: DecodeBatch | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -106,6 +110,7 @@ class EmbeddedEngine:
         self.eos_ids = {i for i in eos + [self.tokenizer.eos_token_id] if i is not None}
         self.tools_in_template = template_supports_tools(self.tokenizer)
         log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want})")
+        self._batch = DecodeBatch(self.model.config)
         self._thread = threading.Thread(target=self._run, name="clawrl-engine", daemon=True)
         self._thread.start()
 
@@ -155,20 +160,67 @@ class EmbeddedEngine:
                     admit.append(self._pending.popleft())
             for gen in admit:
                 self._active.append(self._admit(gen))
-            for req in list(self._active):
-                try:
-                    done = self._step(req)
-                except Exception as e:  # a bad request must not take the engine down
-                    log(f"generation failed: {e!r}")
-                    req.gen.close(error=e)
-                    self._pool = [x for x in self._pool if x is not req.entry]
-                    self._active.remove(req)
-                    continue
-                if done:
-                    self._active.remove(req)
-                    self._release(req.entry)
+            self._pass()
+        self._batch.split()
         for req in self._active:
-            req.gen.close(Finish("cancelled", len(req.gen.prompt_ids), len(req.out_ids)))
+            req.gen.close(self._finish(req, "cancelled"))
+
+    def _pass(self) -> None:
+        """One scheduling pass: a prefill chunk for each prefilling request, then one decode
+        step for all decoding requests together."""
+        decoding = []
+        for req in list(self._active):
+            if req.gen.cancelled:
+                self._done(req, self._finish(req, "cancelled"))
+            elif req.next_token is None:
+                self._guarded([req], self._prefill_chunk)
+            else:
+                decoding.append(req)
+        if decoding:
+            self._guarded(decoding, self._decode)
+
+    def _guarded(self, reqs: list[_Request], work) -> None:
+        """Run work on requests; if it fails, fail them (a bad request must not stop the engine)."""
+        try:
+            work(reqs)
+        except Exception as e:
+            log(f"generation failed: {e!r}")
+            if any(r in self._batch.members for r in reqs):
+                self._batch.members, self._batch.cache = [], None   # its caches are suspect
+            for req in reqs:
+                if req in self._active:
+                    self._active.remove(req)
+                    self._pool = [x for x in self._pool if x is not req.entry]
+                    req.gen.close(error=e)
+
+    def _done(self, req: _Request, finish: Finish | None) -> None:
+        if req in self._batch.members:
+            self._batch.split()
+        if finish is not None:
+            req.gen.close(finish)
+        self._active.remove(req)
+        self._release(req.entry)
+
+    def _prefill_chunk(self, reqs: list[_Request]) -> None:
+        (req,) = reqs
+        ids, fed = req.gen.prompt_ids, len(req.entry.ids)
+        chunk = ids[fed:fed + PREFILL_CHUNK]
+        logits = self._forward(req, chunk)
+        if len(req.entry.ids) == len(ids):
+            self._emit(req, logits)
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        if len(reqs) == 1:
+            if self._batch.members:
+                self._batch.split()
+            logits = self._forward(reqs[0], [reqs[0].next_token]).unsqueeze(0)
+        else:
+            if not self._batch.matches(reqs):
+                self._batch.split()
+                self._batch.join(reqs)
+            logits = self._batch.step(self.model, [r.next_token for r in reqs])
+        for req, row in zip(list(reqs), logits):
+            self._emit(req, row)
 
     def _admit(self, gen: Generation) -> _Request:
         from transformers import DynamicCache
@@ -182,6 +234,8 @@ class EmbeddedEngine:
         best_n = min(best_n, len(ids) - 1)   # always feed at least the last prompt token
         if best is not None and best_n >= MIN_REUSE:
             if best.in_use:
+                if best.cache is None:           # joined into the decode batch
+                    self._batch.split()
                 cache = copy.deepcopy(best.cache)
             else:
                 cache = best.cache
@@ -209,23 +263,8 @@ class EmbeddedEngine:
         req.entry.ids.extend(tokens)
         return out.logits[0, -1].float()
 
-    def _step(self, req: _Request) -> bool:
-        """One unit of work; True when the request is finished."""
-        gen, ids = req.gen, req.gen.prompt_ids
-        if gen.cancelled:
-            gen.close(self._finish(req, "cancelled"))
-            return True
-        fed = len(req.entry.ids)
-        if req.next_token is None:                        # still prefilling
-            chunk = ids[fed:fed + PREFILL_CHUNK]
-            logits = self._forward(req, chunk)
-            if len(req.entry.ids) < len(ids):
-                return False
-        else:
-            logits = self._forward(req, [req.next_token])
-        return self._emit(req, logits)
-
-    def _emit(self, req: _Request, logits: torch.Tensor) -> bool:
+    def _emit(self, req: _Request, logits: torch.Tensor) -> None:
+        """Sample the next token, send it, and finish the request at EOS or its length limit."""
         p = req.gen.params
         logprobs = torch.log_softmax(logits, dim=-1)
         if p.temperature <= 1e-5:
@@ -242,8 +281,8 @@ class EmbeddedEngine:
         if token in self.eos_ids:
             req.gen.put(TokenEvent(token, lp, ""))
             req.out_ids.append(token)
-            req.gen.close(self._finish(req, "stop"))
-            return True
+            self._done(req, self._finish(req, "stop"))
+            return
         req.out_ids.append(token)
         text = self.tokenizer.decode(req.out_ids, skip_special_tokens=True,
                                      clean_up_tokenization_spaces=False)
@@ -254,9 +293,7 @@ class EmbeddedEngine:
         req.next_token = token
         total = len(req.gen.prompt_ids) + len(req.out_ids)
         if len(req.out_ids) >= p.max_tokens or total >= self.context_length:
-            req.gen.close(self._finish(req, "length"))
-            return True
-        return False
+            self._done(req, self._finish(req, "length"))
 
     def _finish(self, req: _Request, reason: str) -> Finish:
         return Finish(reason, len(req.gen.prompt_ids), len(req.out_ids), req.cached,
