@@ -36,6 +36,7 @@ import json
 import shutil
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,7 @@ class Call:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     usage: dict = field(default_factory=dict)
+    session: str = ""
 
     @property
     def ttft(self) -> float:
@@ -128,8 +130,9 @@ async def proxy_call(client: httpx.AsyncClient, messages: list[dict], *, max_tok
             "temperature": temperature, "stream_options": {"include_usage": True}}
     if seed is not None:
         body["seed"] = seed
-    headers = {"X-Session-Id": session or f"bench-{uuid.uuid4().hex[:16]}"}
-    call = Call(start=time.perf_counter())
+    session = session or f"bench-{uuid.uuid4().hex[:16]}"
+    headers = {"X-Session-Id": session}
+    call = Call(start=time.perf_counter(), session=session)
     parts = []
     async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
@@ -166,7 +169,21 @@ def user(text: str) -> list[dict]:
 
 # -- (a) proxy overhead ------------------------------------------------------------------------------
 
-async def bench_overhead(engine, client, reps: int, max_tokens: int) -> dict:
+def server_ttft_ms(db_path: Path, sessions: list[str]) -> list[float]:
+    """TTFT as the server itself logged it (request arrival -> first token) for these sessions."""
+    if not db_path.exists():
+        return []
+    db = sqlite3.connect(db_path)
+    try:
+        marks = ",".join("?" * len(sessions))
+        rows = db.execute(f"SELECT ttft_ms FROM turns WHERE session_id IN ({marks}) "
+                          "AND ttft_ms IS NOT NULL", sessions).fetchall()
+    finally:
+        db.close()
+    return [r[0] for r in rows]
+
+
+async def bench_overhead(engine, client, reps: int, max_tokens: int, db_path: Path) -> dict:
     # Prefix-cache fairness: both engines (this process's and the server's) have the same recipe,
     # hence the same prefix pool, and each receives exactly the same sequence of requests: one
     # untimed warm-up call per prompt, then the timed repetitions in the same prompt order. Their
@@ -190,8 +207,13 @@ async def bench_overhead(engine, client, reps: int, max_tokens: int) -> dict:
             pairs.append((d, x))
             say(f"(a) rep {rep + 1}/{reps} prompt {i + 1}: direct {d.total:.2f}s "
                 f"proxy {x.total:.2f}s  ttft {d.ttft * 1e3:.0f}/{x.ttft * 1e3:.0f} ms")
+    # Where the added TTFT goes: inside the server (arrival -> first token, from the turn log;
+    # includes JSON parsing, render in a thread, the turn-log insert racing the prefill) versus
+    # outside it (HTTP, uvicorn, SSE framing, the client's parsing).
+    server = server_ttft_ms(db_path, [x.session for _, x in pairs])
     return {
         "pairs": len(pairs), "max_tokens": max_tokens,
+        "server_logged_ttft_ms": median(server) if server else None,
         "direct_ttft_ms": median([d.ttft * 1e3 for d, _ in pairs]),
         "proxy_ttft_ms": median([x.ttft * 1e3 for _, x in pairs]),
         "direct_total_s": median([d.total for d, _ in pairs]),
@@ -408,6 +430,9 @@ def print_table(res: dict) -> None:
     print(f"    {'added TTFT (ms)':32}{a['added_ttft_ms']:>20.1f}   target <= "
           f"{TARGETS['added_ttft_ms']:.0f}     {verdict(a['added_ttft_ms'], TARGETS['added_ttft_ms'])}")
     print(f"    {'added total (ms)':32}{a['added_total_ms']:>20.1f}")
+    if a["server_logged_ttft_ms"] is not None:
+        print(f"    {'TTFT as logged by the server':32}{a['server_logged_ttft_ms']:>20.1f}   "
+              f"(arrival -> first token; the rest of the proxy TTFT is HTTP + client)")
     print(f"    identical outputs {a['identical_outputs']}/{a['pairs']}, same token counts "
           f"{a['same_token_count']}/{a['pairs']}, same cached tokens {a['same_cached_tokens']}/"
           f"{a['pairs']} (median {a['cached_tokens']:.0f} cached, {a['completion_tokens']:.0f} generated)")
@@ -429,10 +454,10 @@ def print_table(res: dict) -> None:
 
 # -- main --------------------------------------------------------------------------------------------
 
-async def run_all(engine, url: str, args) -> dict:
+async def run_all(engine, url: str, db_path: Path, args) -> dict:
     reps, rounds = (1, 1) if args.quick else (3, 2)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None)) as client:
-        overhead = await bench_overhead(engine, client, reps, args.max_tokens)
+        overhead = await bench_overhead(engine, client, reps, args.max_tokens, db_path)
         prefix = await bench_prefix(engine, client, args.prefix_tokens, 16)
         concurrency = await bench_concurrency(client, rounds, 64)
     return {"overhead": overhead, "prefix": prefix, "concurrency": concurrency}
@@ -475,7 +500,7 @@ def main(argv=None) -> int:
         wait_ready(proc, url)
         say("server ready")
         t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
-        results = asyncio.run(run_all(engine, url, args))
+        results = asyncio.run(run_all(engine, url, work / "bench.db", args))
         cpu1, t1 = cpu_seconds(proc.pid), time.perf_counter()
         results["meta"] = {
             "model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."),

@@ -199,14 +199,14 @@ def test_prefix_cache_is_reused_within_a_session(client, daemon):
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 2
 
 
-def test_seed_reproduces_and_stop_cuts(client):
+def test_stop_string_cuts_the_response(client):
+    """Seeded reproducibility is tested in float32 in test_engine.py: in bf16 a prefix-cached and a
+    cold prefill differ slightly, so here the reference is a greedy answer."""
     msgs = [{"role": "user", "content": "Write a sentence about the sea."}]
-    a, _ = chat(client, msgs, sid(), temperature=1.0, seed=7, max_tokens=16)
-    b, _ = chat(client, msgs, sid(), temperature=1.0, seed=7, max_tokens=16)
-    assert a.choices[0].message.content == b.choices[0].message.content
+    a, _ = chat(client, msgs, sid(), max_tokens=16)
     full = a.choices[0].message.content
     word = full.split()[2]
-    c, _ = chat(client, msgs, sid(), temperature=1.0, seed=7, max_tokens=16, stop=[word])
+    c, _ = chat(client, msgs, sid(), max_tokens=16, stop=["zzz", word])
     assert c.choices[0].finish_reason == "stop"
     assert c.choices[0].message.content == full[:full.index(word)]
 
