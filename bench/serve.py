@@ -20,7 +20,8 @@ The table goes to stdout, followed by one JSON line with every number; `--out FI
 that JSON to a file. Progress goes to stderr. The machine this runs on may be busy with other work
 (the load average at start and end is reported): treat the numbers as contended if it is high.
 
-    .venv/bin/python bench/serve.py [--quick] [--home DIR] [--port P] [--threads N] [--out FILE]
+    .venv/bin/python bench/serve.py [--quick] [--home DIR] [--port P] [--threads N]
+                                    [--max-tokens N] [--prefix-tokens N] [--out FILE]
 """
 from __future__ import annotations
 

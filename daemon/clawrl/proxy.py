@@ -85,6 +85,7 @@ class _Turn:
         self.turn_id: int | None = None
         self.finish: Finish | None = None
         self.tool_calls: list[dict] = []
+        self.streaming = False
 
     async def deltas(self):
         """Content deltas as tokens arrive; ends at EOS, the length limit or a stop string."""
@@ -154,6 +155,7 @@ class _Turn:
 
 async def _stream(turn: _Turn):
     status, error = "cancelled", None
+    turn.streaming = True
     try:
         yield turn.chunk({"role": "assistant", "content": ""})
         async for text in turn.deltas():
@@ -174,6 +176,24 @@ async def _stream(turn: _Turn):
     finally:
         turn.gen.cancel()
         await turn.record(status, error)
+
+
+class _TurnStream(StreamingResponse):
+    """SSE response that still closes its turn if the client is gone before streaming starts
+    (then `_stream`'s own cleanup never runs)."""
+
+    def __init__(self, turn: _Turn, headers: dict):
+        super().__init__(_stream(turn), media_type="text/event-stream",
+                         headers={**headers, "Cache-Control": "no-cache"})
+        self.turn = turn
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.turn.streaming:
+                self.turn.gen.cancel()
+                await self.turn.record("cancelled")
 
 
 async def _complete(turn: _Turn) -> JSONResponse:
@@ -227,14 +247,17 @@ async def chat_completions(request: Request) -> Response:
               "params": {"max_tokens": params.max_tokens, "temperature": params.temperature,
                          "top_p": params.top_p, "stop": params.stop, "seed": params.seed}}
     try:
+        # Written while the engine prefills, and before any byte reaches the client.
         turn.turn_id = await state.store.begin_turn(att, record, prompt_ids, engine.model_id,
                                                     engine.adapter_version)
+    except asyncio.CancelledError:   # the client left before we answered: stop the engine
+        gen.cancel()
+        raise
     except Exception:  # serving goes on without the record; the log says why
         log.exception("could not record turn for session %s", att.session_id)
     headers = {"X-Clawrl-Turn-Id": str(turn.turn_id or ""), "X-Session-Id": att.session_id}
     if req.stream:
-        return StreamingResponse(_stream(turn), media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache"})
+        return _TurnStream(turn, headers)
     response = await _complete(turn)
     response.headers.update(headers)
     return response
