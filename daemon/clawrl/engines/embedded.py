@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import copy
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -115,6 +116,9 @@ class EmbeddedEngine:
             want = "bfloat16" if _bf16_supported() else "float32"
         self.dtype = getattr(torch, want)
         torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
+        # The worker runs the model's Python between torch ops while holding the GIL; at the
+        # default 5 ms switch interval the event loop waited up to 5 ms to send each token.
+        sys.setswitchinterval(0.0005)
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).eval()
