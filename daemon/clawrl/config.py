@@ -65,6 +65,57 @@ class MethodConfig:
 
 
 @dataclass
+class JudgeConfig:
+    backend: str = _f("rules", "who judges turns: rules (deterministic), engine (the served base "
+                      "model, adapters off) or openai (any OpenAI-compatible endpoint)",
+                      ("rules", "engine", "openai"))
+    votes: int = _f(3, "judge calls per turn (and as many hint calls); majority wins", minimum=1)
+    temperature: float = _f(0.6, "sampling temperature of judge calls", minimum=0.0)
+    max_tokens: int = _f(256, "budget of one judge call", minimum=8)
+    context_messages: int = _f(6, "messages of the conversation before the turn shown to the judge",
+                               minimum=0)
+    url: str = _f("", "openai backend: base URL ending in /v1")
+    model: str = _f("", "openai backend: model name")
+    api_key: str = _f("", "openai backend: API key, if the endpoint needs one")
+    max_attempts: int = _f(8, "tries per turn before it is marked failed (backoff doubles)",
+                           minimum=1)
+
+
+@dataclass
+class SessionConfig:
+    idle_timeout_s: float = _f(1800.0, "a session with no request for this long is ended and its "
+                               "last turn judged", minimum=1.0)
+
+
+@dataclass
+class TrainConfig:
+    enabled: bool = _f(True, "run the background trainer (a child process of the daemon)")
+    batch_size: int = _f(1, "judged samples per training step", minimum=1)
+    epochs: int = _f(2, "PPO epochs over each batch (the clip binds from the second)", minimum=1)
+    lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights", minimum=0.0)
+    lr_decay: float = _f(0.97, "learning rate multiplier per step (calms drift after first gains)",
+                         minimum=0.0)
+    lora_r: int = _f(16, "LoRA rank", minimum=1)
+    lora_alpha: int = _f(32, "LoRA alpha", minimum=1)
+    lora_targets: str = _f("all-linear", "LoRA target modules: all-linear or a comma list")
+    eps_low: float = _f(0.2, "PPO clip below 1", minimum=0.0)
+    eps_high: float = _f(0.28, "PPO clip above 1", minimum=0.0)
+    kl_coef: float = _f(0.0, "KL to the base model per token (k3 estimator)", minimum=0.0)
+    opd_cap: float = _f(3.0, "cap on |teacher - served| logprob advantage per token", minimum=0.0)
+    tis_cap: float = _f(2.0, "cap of the truncated importance weight for stale samples",
+                        minimum=1.0)
+    baseline_decay: float = _f(0.0, "per-user running reward baseline (EMA decay); 0 = none",
+                               minimum=0.0)
+    max_grad_norm: float = _f(1.0, "gradient clipping", minimum=0.0)
+    max_prompt_tokens: int = _f(2048, "prompt tokens kept for training (the most recent); "
+                                "long OpenClaw prompts are cut to fit a CPU", minimum=16)
+    threads: int = _f(1, "torch threads of the trainer (it shares the cores with serving)",
+                      minimum=1)
+    poll_s: float = _f(0.5, "how often the trainer looks for ready samples", minimum=0.05)
+    keep_adapters: int = _f(10, "adapter versions kept on disk", minimum=1)
+
+
+@dataclass
 class StoreConfig:
     path: str = _f("", "SQLite file; empty = $CLAWRL_HOME/clawrl.db")
 
@@ -76,6 +127,9 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())
     recipe: Path | None = None
 
@@ -84,17 +138,21 @@ class Config:
         return Path(self.store.path).expanduser() if self.store.path else self.home / "clawrl.db"
 
     @property
+    def adapters_dir(self) -> Path:
+        return self.home / "adapters"
+
+    @property
     def models_dir(self) -> Path:
         return self.home / "models"
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("home", "recipe")}
+# Section name -> its dataclass, read off Config itself so a new section needs no second listing.
+SECTIONS = {f.name: type(f.default_factory()) for f in dataclasses.fields(Config)
+            if f.name not in ("home", "recipe")}
 
 
 def _section_fields(section: str) -> dict[str, dataclasses.Field]:
-    cls = {"engine": EngineConfig, "model": ModelConfig, "server": ServerConfig,
-           "method": MethodConfig, "store": StoreConfig}[section]
-    return {f.name: f for f in dataclasses.fields(cls)}
+    return {f.name: f for f in dataclasses.fields(SECTIONS[section])}
 
 
 def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any:
@@ -193,6 +251,9 @@ def _check(cfg: Config) -> None:
     if not loopback and not cfg.server.api_key:
         raise ConfigError(f"refusing to bind {cfg.server.host} without an API key: set server.api_key "
                           "in the recipe (or CLAWRL_SERVER_API_KEY), or bind 127.0.0.1")
+    if cfg.judge.backend == "openai" and not (cfg.judge.url and cfg.judge.model):
+        raise ConfigError("judge.backend = \"openai\" needs judge.url (an OpenAI-compatible base URL "
+                          "ending in /v1) and judge.model; set both, or use judge.backend = \"rules\"")
     if cfg.engine.kind != "embedded":
         raise ConfigError(f"engine.kind = {cfg.engine.kind!r} is not available in this release yet; "
                           "use engine.kind = \"embedded\"")

@@ -1,0 +1,113 @@
+"""Adapter versions on disk: the filesystem is the state.
+
+`$CLAWRL_HOME/adapters/NNNN/` holds one PEFT LoRA adapter (`adapter_config.json`,
+`adapter_model.safetensors`) and `meta.json` (parent version, samples used, loss, reward stats,
+recipe, base model). A version is written to a hidden temp folder and renamed into place, so a
+folder named `NNNN` is always complete; a crash leaves at most a `.tmp-*` folder, which is ignored
+and cleaned up. The largest number is the newest. Which version *serves* is the daemon's choice
+(guard, activate, rollback); this module only reads and writes versions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+META = "meta.json"
+WEIGHTS = "adapter_model.safetensors"
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / f"{version:04d}"
+
+
+def is_complete(path: Path) -> bool:
+    return (path / META).exists() and (path / WEIGHTS).exists() and (path / "adapter_config.json").exists()
+
+
+def list_versions(root: Path) -> list[int]:
+    if not root.exists():
+        return []
+    return sorted(int(p.name) for p in root.iterdir()
+                  if p.name.isdigit() and len(p.name) >= 4 and is_complete(p))
+
+
+def newest(root: Path) -> int | None:
+    versions = list_versions(root)
+    return versions[-1] if versions else None
+
+
+def read_meta(root: Path, version: int) -> dict:
+    return json.loads((version_dir(root, version) / META).read_text())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_version(root: Path, version: int, save: Callable[[Path], None], meta: dict) -> Path:
+    """Write a new version atomically: `save(tmp)` writes the PEFT files, then meta.json, fsync,
+    rename. Fails if the version exists (two writers never share a number)."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, version)
+    if final.exists():
+        raise FileExistsError(f"adapter version {version} already exists at {final}")
+    tmp = root / f".tmp-{version:04d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save(tmp)
+        (tmp / META).write_text(json.dumps({"version": version, "created_at": time.time(), **meta},
+                                           indent=1))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def clean_temp(root: Path) -> list[str]:
+    """Remove half-written versions left by a crash."""
+    removed = []
+    if root.exists():
+        for p in root.iterdir():
+            if p.name.startswith(".tmp-"):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p.name)
+    return removed
+
+
+def prune(root: Path, keep: int, protect: set[int]) -> list[int]:
+    """Delete all but the newest `keep` versions, never one in `protect` (e.g. the active one)."""
+    versions = list_versions(root)
+    doomed = [v for v in versions[:max(0, len(versions) - keep)] if v not in protect]
+    for v in doomed:
+        shutil.rmtree(version_dir(root, v), ignore_errors=True)
+    return doomed
+
+
+def weights_problem(path: Path) -> str | None:
+    """None if every tensor is finite; else a sentence naming the first bad one."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / WEIGHTS), framework="pt") as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            if not bool(t.float().isfinite().all()):
+                return f"tensor {name} has NaN or inf values"
+            if t.numel() and not math.isfinite(float(t.float().abs().max())):
+                return f"tensor {name} overflows"
+    return None
