@@ -43,8 +43,9 @@ class Daemon:
     def __init__(self, home: Path, env: dict | None = None, port: int | None = None):
         self.home, self.port = home, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Training is off unless a test turns it on: serving tests want a model that stays put.
         self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
-                    "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
+                    "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = home / f"daemon-{self.port}.log"
 

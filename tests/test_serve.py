@@ -279,6 +279,7 @@ def test_cli_reads_the_turn_log_and_chats(daemon, client):
 
 
 def test_help_everywhere():
-    for cmd in ([], ["serve"], ["status"], ["sessions"], ["turns"], ["chat"], ["recipe-keys"]):
+    for cmd in ([], ["serve"], ["status"], ["sessions"], ["turns"], ["chat"], ["recipe-keys"],
+                ["train"], ["adapters"]):
         out = subprocess.run([*CLAWRL, *cmd, "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "usage: clawrl" in out.stdout

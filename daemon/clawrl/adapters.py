@@ -111,3 +111,41 @@ def weights_problem(path: Path) -> str | None:
             if t.numel() and not math.isfinite(float(t.float().abs().max())):
                 return f"tensor {name} overflows"
     return None
+
+
+# -- verdicts and the active pointer (written by the daemon, read by everyone) ---------------------
+REJECTED = "REJECTED"
+ACTIVE = "ACTIVE"
+
+
+def reject(root: Path, version: int, reason: str) -> None:
+    """Mark a version as never to be served or trained on (guard failure or rollback)."""
+    (version_dir(root, version) / REJECTED).write_text(reason + "\n")
+
+
+def rejection(root: Path, version: int) -> str | None:
+    p = version_dir(root, version) / REJECTED
+    return p.read_text().strip() if p.exists() else None
+
+
+def good_versions(root: Path) -> list[int]:
+    return [v for v in list_versions(root) if rejection(root, v) is None]
+
+
+def newest_good(root: Path) -> int | None:
+    versions = good_versions(root)
+    return versions[-1] if versions else None
+
+
+def write_active(root: Path, version: int) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{ACTIVE}.tmp"
+    tmp.write_text(f"{version}\n")
+    os.replace(tmp, root / ACTIVE)
+
+
+def read_active(root: Path) -> int | None:
+    try:
+        return int((root / ACTIVE).read_text().strip())
+    except (OSError, ValueError):
+        return None

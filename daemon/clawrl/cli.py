@@ -150,6 +150,50 @@ def cmd_chat(args) -> int:
             messages.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_train(args) -> int:
+    from .trainer import main_loop
+    main_loop(_config(args))
+    return 0
+
+
+def _daemon_call(cfg, method: str, path: str, **kw) -> dict:
+    import httpx
+    url = _base_url(cfg)
+    try:
+        r = httpx.request(method, f"{url}{path}", headers=_headers(cfg), timeout=120, **kw)
+    except httpx.HTTPError as e:
+        raise ClawrlError(f"cannot reach the daemon at {url} ({e}); start it with `clawrl serve`")
+    if r.status_code != 200:
+        raise ClawrlError(r.json().get("error", {}).get("message", r.text))
+    return r.json()
+
+
+def cmd_adapters(args) -> int:
+    cfg = _config(args)
+    if args.action == "activate":
+        if args.version is None:
+            raise ClawrlError("say which version: `clawrl adapters activate N` (0 = the base model)")
+        print(f"active: {_daemon_call(cfg, 'POST', '/v1/adapters/activate', json={'version': args.version})['active']}")
+        return 0
+    if args.action == "rollback":
+        print(f"rolled back; active: {_daemon_call(cfg, 'POST', '/v1/adapters/rollback')['active']}")
+        return 0
+    info = _daemon_call(cfg, "GET", "/v1/adapters")
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"active version: {info['active']}  (0 = base model)")
+    if info.get("trainer"):
+        print(f"trainer: {info['trainer']['state']} (restarts {info['trainer']['restarts']})")
+    for v in info["versions"]:
+        mark = "*" if v["version"] == info["active"] else " "
+        loss = f"{v['loss']:.4f}" if isinstance(v["loss"], (int, float)) else "-"
+        print(f"{mark} {v['version']:04d}  parent {v['parent'] if v['parent'] is not None else '-':<4} "
+              f"samples {v['samples']:<3} loss {loss:<8} {_when(v['created_at'])}"
+              f"{'  REJECTED: ' + v['rejected'] if v['rejected'] else ''}")
+    return 0
+
+
 def cmd_recipe_keys(args) -> int:
     from .config import describe
     print(describe())
@@ -191,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--system", help="a system prompt")
     sp.add_argument("--max-tokens", type=int, default=256, help="reply budget (default 256)")
     sp.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
+    add("train", cmd_train, "run the trainer in the foreground (the daemon normally starts it)")
+    sp = add("adapters", cmd_adapters, "list adapter versions, activate one, or roll back "
+                                       "(talks to the running daemon)")
+    sp.add_argument("action", nargs="?", default="list", choices=("list", "activate", "rollback"))
+    sp.add_argument("version", nargs="?", type=int, help="with activate: the version (0 = base)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p

@@ -89,3 +89,21 @@ def apply(db: sqlite3.Connection) -> list[str]:
             raise
         ran.append(fn.__name__)
     return ran
+
+
+@migration
+def m002_judgments_and_feedback(db: sqlite3.Connection) -> None:
+    for column in (
+        "judge_status TEXT",            # NULL = waiting | done | no_next_state | failed
+        "judge_raw TEXT",               # JSON list of the judge's raw outputs
+        "judge_attempts INTEGER NOT NULL DEFAULT 0",
+        "judge_retry_at REAL",          # next try after a failure (backoff)
+        "judge_error TEXT",
+        "judged_at REAL",
+        "feedback_reward INTEGER",      # explicit feedback: overrides the judge's vote
+        "feedback_comment TEXT",        # ... and is used as the hint
+        "feedback_user TEXT",
+        "feedback_at REAL",
+    ):
+        db.execute(f"ALTER TABLE turns ADD COLUMN {column}")
+    db.execute("CREATE INDEX turns_judge ON turns(judge_status, next_state_at)")

@@ -16,6 +16,9 @@ import uvicorn
 
 from .config import Config
 from .engines import make_engine
+from .judging import Judging
+from .supervisor import TrainerSupervisor
+from .swap import Swapper
 from .proxy import DaemonState, build_app
 from .store import Store
 
@@ -34,14 +37,34 @@ def _load(state: DaemonState) -> None:
         log.error("could not load the model: %s", e)
 
 
+async def _after_load(state: DaemonState) -> None:
+    """Hot-swap and training start once the model is loaded."""
+    while not state.ready:
+        if state.load_error:
+            return
+        await asyncio.sleep(0.2)
+    state.swapper.start()
+    if state.cfg.train.enabled:
+        state.trainer.start()
+
+
 def make_lifespan(state: DaemonState):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         state.store = await Store.open(state.cfg.db_path)
         loader = asyncio.get_running_loop().run_in_executor(None, _load, state)
+        state.judging = Judging(state.cfg, state.store, state.engine)
+        state.judging.start()
+        state.swapper = Swapper(state.cfg, state.engine, state.store)
+        state.trainer = TrainerSupervisor(state.cfg)
+        started = asyncio.create_task(_after_load(state))
         try:
             yield
         finally:
+            started.cancel()
+            await state.trainer.stop()
+            await state.swapper.stop()
+            await state.judging.stop()
             with contextlib.suppress(Exception):
                 await loader
             state.engine.close()

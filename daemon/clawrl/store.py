@@ -126,18 +126,92 @@ class Store:
                  error, time.time(), ttft_ms, total_ms,
                  finish.adapter_version if finish else None, turn_id))
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_id: str) -> bool | None:
+        """Mark the session over. Its last main turn has no next state and never will: it is
+        recorded as judged with what is known (nothing), so it is not trained.
+        True if it ends now, False if it had ended before, None if there is no such session."""
         async with self.lock:
-            await self.db.execute("UPDATE sessions SET ended_at=? WHERE id=? AND ended_at IS NULL",
-                                  (time.time(), session_id))
+            async with self.db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)) as c:
+                if await c.fetchone() is None:
+                    return None
+            cur = await self.db.execute(
+                "UPDATE sessions SET ended_at=? WHERE id=? AND ended_at IS NULL",
+                (time.time(), session_id))
+            await self.db.execute(
+                "UPDATE turns SET judge_status='no_next_state', judged_at=? WHERE id=("
+                " SELECT id FROM turns WHERE session_id=? AND turn_type='main'"
+                " ORDER BY turn_index DESC LIMIT 1) AND next_state_at IS NULL AND judge_status IS NULL",
+                (time.time(), session_id))
+            return cur.rowcount > 0
+
+    async def idle_sessions(self, idle_for: float) -> list[str]:
+        async with self.db.execute(
+                "SELECT id FROM sessions WHERE ended_at IS NULL AND last_seen < ?",
+                (time.time() - idle_for,)) as cur:
+            return [r[0] for r in await cur.fetchall()]
+
+    async def recent_prompts(self, n: int, max_tokens: int) -> list[list[int]]:
+        """Prompt ids of the last n complete main turns that are at most max_tokens long."""
+        async with self.db.execute(
+                "SELECT prompt_ids FROM turns WHERE status='complete' AND turn_type='main'"
+                " AND prompt_tokens <= ? ORDER BY id DESC LIMIT ?", (max_tokens, n)) as cur:
+            return [json.loads(r[0]) for r in await cur.fetchall()]
+
+    # -- judging and feedback ---------------------------------------------------------------------
+    async def turns_to_judge(self, limit: int = 8) -> list[dict]:
+        """Complete, trainable turns whose next state has arrived and that await a judgment."""
+        async with self.db.execute(
+                "SELECT id, session_id, request_json, response_text, tool_calls, next_state_json,"
+                " judge_attempts FROM turns WHERE judge_status IS NULL AND next_state_at IS NOT NULL"
+                " AND status='complete' AND trainable=1 AND coalesce(judge_retry_at, 0) <= ?"
+                " ORDER BY next_state_at LIMIT ?", (time.time(), limit)) as cur:
+            return [dict(r) for r in await cur.fetchall()]
+
+    async def save_judgment(self, turn_id: int, score: int, votes: list, raw: list[str],
+                            hint: str | None) -> None:
+        async with self.lock:
+            await self.db.execute(
+                "UPDATE turns SET judge_status='done', judge_score=?, judge_votes=?, judge_raw=?,"
+                " judge_hint=?, judged_at=?, judge_error=NULL WHERE id=?",
+                (score, _dumps(votes), _dumps(raw), hint, time.time(), turn_id))
+
+    async def judge_failed(self, turn_id: int, error: str, retry_in: float | None) -> None:
+        """Count a failed try; retry after `retry_in` seconds, or give up (None): status failed."""
+        async with self.lock:
+            await self.db.execute(
+                "UPDATE turns SET judge_attempts=judge_attempts+1, judge_error=?, judge_retry_at=?,"
+                " judge_status=? WHERE id=?",
+                (error[:2000], time.time() + (retry_in or 0), None if retry_in else "failed", turn_id))
+
+    async def record_feedback(self, session_id: str, turn_id: int | None, reward: int,
+                              comment: str | None, user_id: str | None) -> int | None:
+        """Explicit feedback on a turn, or on the session's last main turn. Returns the turn id,
+        None when there is no such turn."""
+        async with self.lock:
+            if turn_id is None:
+                async with self.db.execute(
+                        "SELECT id FROM turns WHERE session_id=? AND turn_type='main'"
+                        " ORDER BY turn_index DESC LIMIT 1", (session_id,)) as cur:
+                    row = await cur.fetchone()
+                turn_id = row[0] if row else None
+            if turn_id is None:
+                return None
+            cur = await self.db.execute(
+                "UPDATE turns SET feedback_reward=?, feedback_comment=?, feedback_user=?, feedback_at=?"
+                " WHERE id=? AND session_id=?",
+                (reward, comment, user_id, time.time(), turn_id, session_id))
+            return turn_id if cur.rowcount else None
 
     async def counts(self) -> dict:
         async with self.db.execute(
-                "SELECT count(*), sum(status='started'), sum(trainable AND next_state_at IS NOT NULL)"
+                "SELECT count(*), sum(status='started'), sum(trainable AND next_state_at IS NOT NULL),"
+                " sum(judge_status='done'), sum(trainable AND next_state_at IS NOT NULL"
+                " AND status='complete' AND judge_status IS NULL)"
                 " FROM turns") as cur:
-            total, open_, with_next = await cur.fetchone()
+            total, open_, with_next, judged, waiting = await cur.fetchone()
         return {"turns": total, "in_flight_or_incomplete": open_ or 0,
-                "with_next_state": with_next or 0}
+                "with_next_state": with_next or 0, "judged": judged or 0,
+                "awaiting_judge": waiting or 0}
 
 
 # -- reads for the CLI (plain sqlite3; safe while the daemon writes, thanks to WAL) ---------------

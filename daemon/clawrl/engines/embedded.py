@@ -71,9 +71,10 @@ def _lcp(a: list[int], b: list[int]) -> int:
 
 @dataclass
 class _Entry:
-    """A KV cache and exactly the tokens it holds."""
+    """A KV cache and exactly the tokens it holds, computed under one adapter version."""
     ids: list[int]
     cache: object
+    adapter: int = 0
     in_use: bool = True
     used_at: float = field(default_factory=time.monotonic)
 
@@ -83,6 +84,7 @@ class _Request:
     gen: Generation
     entry: _Entry
     generator: torch.Generator
+    adapter: int = 0                  # the version this request runs on from start to end
     next_token: int | None = None     # sampled, sent, not yet fed to the model
     out_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -94,7 +96,8 @@ class EmbeddedEngine:
         self.cfg = cfg
         self.model_id = cfg.model.name
         self.context_length = cfg.model.context_length
-        self.adapter_version = 0
+        self.adapter_version = 0          # what new requests get; 0 = the base model
+        self.loaded_adapters: set[int] = set()
         self.parse_tools = True
         self.model = None
         self.tokenizer = None
@@ -102,6 +105,7 @@ class EmbeddedEngine:
         self._active: list[_Request] = []
         self._pool: list[_Entry] = []
         self._cv = threading.Condition()
+        self._commands: collections.deque = collections.deque()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
@@ -122,13 +126,14 @@ class EmbeddedEngine:
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).eval()
+        self.base_model = self.model      # becomes a PeftModel around it at the first adapter
         self.model.generation_config.max_length = None  # we bound length ourselves
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {i for i in eos + [self.tokenizer.eos_token_id] if i is not None}
         self.tools_in_template = template_supports_tools(self.tokenizer)
         log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want})")
-        self._batch = DecodeBatch(self.model.config)
+        self._batch = DecodeBatch(self.base_model.config)
         self._thread = threading.Thread(target=self._run, name="clawrl-engine", daemon=True)
         self._thread.start()
 
@@ -149,13 +154,61 @@ class EmbeddedEngine:
                 param="messages", code="context_length_exceeded")
         return ids
 
-    def submit(self, prompt_ids: list[int], params: GenParams) -> Generation:
+    def submit(self, prompt_ids: list[int], params: GenParams,
+               adapter: int | None = None) -> Generation:
+        """Queue a generation on `adapter` (a loaded version; 0 = base; None = the active one)."""
         import asyncio
         gen = Generation(prompt_ids, params, asyncio.get_running_loop())
+        gen.adapter = self.adapter_version if adapter is None else adapter
         with self._cv:
             self._pending.append(gen)
             self._cv.notify()
         return gen
+
+    # -- adapters (hot-swap) --------------------------------------------------------------------
+    def _call_in_worker(self, fn):
+        """Run fn on the worker thread between two passes (never during a forward); a future."""
+        import concurrent.futures
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            self._commands.append((fn, fut))
+            self._cv.notify()
+        return fut
+
+    def load_adapter(self, version: int, path) -> "concurrent.futures.Future":
+        def load():
+            from peft import PeftModel
+            name = f"v{version}"
+            if self.model is self.base_model:
+                self.model = PeftModel.from_pretrained(self.base_model, str(path), adapter_name=name)
+                self.model.eval()
+            else:
+                self.model.load_adapter(str(path), adapter_name=name)
+            self.loaded_adapters.add(version)
+        return self._call_in_worker(load)
+
+    def unload_adapter(self, version: int) -> "concurrent.futures.Future":
+        """Free a version's weights once no running request uses it (it is then skipped)."""
+        def unload():
+            busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
+            if version in self.loaded_adapters and version not in busy and version != self.adapter_version:
+                self.model.delete_adapter(f"v{version}")
+                self.loaded_adapters.discard(version)
+                self._pool = [e for e in self._pool if e.in_use or e.adapter != version]
+                return True
+            return False
+        return self._call_in_worker(unload)
+
+    def activate(self, version: int) -> None:
+        """New requests run on `version` from now on; running ones finish on theirs."""
+        if version != 0 and version not in self.loaded_adapters:
+            raise ValueError(f"adapter version {version} is not loaded")
+        self.adapter_version = version
+
+    def _adapter_kwargs(self, reqs) -> dict:
+        if self.model is self.base_model:
+            return {}
+        return {"adapter_names": [f"v{r.adapter}" if r.adapter else "__base__" for r in reqs]}
 
     def queue_depth(self) -> int:
         """Requests waiting for a decode slot (not counting the active ones)."""
@@ -169,14 +222,24 @@ class EmbeddedEngine:
         torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
         while True:
             with self._cv:
-                while not self._stop and not self._pending and not self._active:
+                while not self._stop and not self._pending and not self._active and not self._commands:
                     self._cv.wait()
                 if self._stop:
                     break
+                commands = list(self._commands)
+                self._commands.clear()
                 admit = []
                 while self._pending and len(self._active) + len(admit) < self.cfg.engine.max_concurrent:
                     admit.append(self._pending.popleft())
+            for fn, fut in commands:
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
             for gen in admit:
+                if gen.adapter and gen.adapter not in self.loaded_adapters:
+                    gen.close(error=RuntimeError(f"adapter version {gen.adapter} was unloaded"))
+                    continue
                 self._active.append(self._admit(gen))
             self._pass()
         self._batch.split()
@@ -236,7 +299,8 @@ class EmbeddedEngine:
             if not self._batch.matches(reqs):
                 self._batch.split()
                 self._batch.join(reqs)
-            logits = self._batch.step(self.model, [r.next_token for r in reqs])
+            logits = self._batch.step(self.model, [r.next_token for r in reqs],
+                                      self._adapter_kwargs(reqs))
         for req, row in zip(list(reqs), logits):
             self._emit(req, row)
 
@@ -246,6 +310,8 @@ class EmbeddedEngine:
         ids = gen.prompt_ids
         best, best_n = None, 0
         for e in self._pool:
+            if e.adapter != gen.adapter:      # a KV cache is only valid under its own weights
+                continue
             n = _lcp(e.ids, ids)
             if n > best_n:
                 best, best_n = e, n
@@ -259,13 +325,13 @@ class EmbeddedEngine:
                 cache = best.cache
                 self._pool.remove(best)
             cache.crop(-(cache.get_seq_length() - best_n))
-            entry = _Entry(list(ids[:best_n]), cache)
+            entry = _Entry(list(ids[:best_n]), cache, gen.adapter)
         else:
-            entry, best_n = _Entry([], DynamicCache(config=self.model.config)), 0
+            entry, best_n = _Entry([], DynamicCache(config=self.base_model.config), gen.adapter), 0
         self._pool.append(entry)
         g = torch.Generator()
         g.manual_seed(gen.params.seed if gen.params.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        return _Request(gen=gen, entry=entry, generator=g, cached=best_n)
+        return _Request(gen=gen, entry=entry, generator=g, cached=best_n, adapter=gen.adapter)
 
     def _release(self, entry: _Entry) -> None:
         entry.in_use = False
@@ -277,7 +343,7 @@ class EmbeddedEngine:
     @torch.inference_mode()
     def _forward(self, req: _Request, tokens: list[int]) -> torch.Tensor:
         out = self.model(input_ids=torch.tensor([tokens]), cache=req.entry.cache, use_cache=True,
-                         logits_to_keep=1)
+                         logits_to_keep=1, **self._adapter_kwargs([req]))
         req.entry.ids.extend(tokens)
         return out.logits[0, -1].float()
 
@@ -314,5 +380,4 @@ class EmbeddedEngine:
             self._done(req, self._finish(req, "length"))
 
     def _finish(self, req: _Request, reason: str) -> Finish:
-        return Finish(reason, len(req.gen.prompt_ids), len(req.out_ids), req.cached,
-                      self.adapter_version)
+        return Finish(reason, len(req.gen.prompt_ids), len(req.out_ids), req.cached, req.adapter)

@@ -63,12 +63,12 @@ class DecodeBatch:
         self.members, self.cache, self.mask = [], None, None
 
     @torch.inference_mode()
-    def step(self, model, tokens: list[int]) -> torch.Tensor:
+    def step(self, model, tokens: list[int], extra: dict | None = None) -> torch.Tensor:
         """Feed one token per row; return the next-token logits, one row per member."""
         positions = self.mask.sum(dim=1, keepdim=True)
         self.mask = torch.cat([self.mask, torch.ones(len(tokens), 1, dtype=torch.long)], dim=1)
         out = model(input_ids=torch.tensor(tokens).unsqueeze(1), attention_mask=self.mask,
-                    position_ids=positions, cache=self.cache, use_cache=True)
+                    position_ids=positions, cache=self.cache, use_cache=True, **(extra or {}))
         for r, t in zip(self.members, tokens):
             r.entry.ids.append(t)
         return out.logits[:, -1].float()

@@ -1,0 +1,113 @@
+"""The judging loop: read each next state as feedback on the turn before it, in the background.
+
+Runs as one asyncio task in the daemon. It wakes when a next state arrives (or every second),
+judges waiting turns a few at a time, and stores every raw vote, the score and the hint on the
+turn. A judge that fails (endpoint down, garbage output, timeout) is retried with doubling backoff;
+the turn keeps waiting in the database meanwhile, so nothing is lost across restarts. It also ends
+sessions that have been idle past `session.idle_timeout_s`. Serving never waits for any of this.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from .chat_format import content_text
+from .config import Config
+from .judge import JudgeInput, make_judge, openai_complete
+from .store import Store
+
+log = logging.getLogger("clawrl.judging")
+BACKOFF_START, BACKOFF_MAX = 2.0, 300.0
+CALL_TIMEOUT = 120.0
+
+
+def judge_input(row: dict, context_messages: int) -> JudgeInput:
+    """What the judge sees of a turn: the conversation just before it (system prompts left out:
+    OpenClaw's are ~10k tokens of instructions), the response, and what followed."""
+    messages = json.loads(row["request_json"])["messages"]
+    window = [m for m in messages if m.get("role") not in ("system", "developer")]
+    window = window[-context_messages:] if context_messages else []
+    return JudgeInput(
+        context=[{**m, "content": content_text(m.get("content"))} for m in window],
+        response=row["response_text"] or "",
+        tool_calls=json.loads(row["tool_calls"]) if row["tool_calls"] else [],
+        next_state=[{**m, "content": content_text(m.get("content"))}
+                    for m in json.loads(row["next_state_json"])])
+
+
+def engine_complete(engine, temperature: float, max_tokens: int):
+    """Judge calls through the serving engine itself (the base model: adapters off)."""
+    from .types import GenParams
+
+    async def complete(messages: list[dict]) -> str:
+        ids = await asyncio.to_thread(engine.render, messages, None)
+        budget = min(max_tokens, engine.context_length - len(ids))
+        gen = engine.submit(ids, GenParams(max_tokens=budget, temperature=temperature))
+        return "".join([ev.text async for ev in gen])
+    return complete
+
+
+class Judging:
+    def __init__(self, cfg: Config, store: Store, engine):
+        self.cfg, self.store = cfg, store
+        j = cfg.judge
+        complete = None
+        if j.backend == "openai":
+            complete = openai_complete(j.url, j.model, j.api_key or None, j.temperature, j.max_tokens)
+        elif j.backend == "engine":
+            complete = engine_complete(engine, j.temperature, j.max_tokens)
+        self.judge = make_judge(j.backend, j.votes, complete)
+        self.wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="clawrl-judging")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._end_idle_sessions()
+                rows = await self.store.turns_to_judge(limit=4)
+                if rows:
+                    await asyncio.gather(*(self._judge_one(r) for r in rows))
+                    continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a database hiccup must not end the loop
+                log.exception("judging pass failed; retrying")
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _judge_one(self, row: dict) -> None:
+        try:
+            inp = judge_input(row, self.cfg.judge.context_messages)
+            result = await asyncio.wait_for(self.judge.judge(inp), CALL_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            attempts = row["judge_attempts"] + 1
+            give_up = attempts >= self.cfg.judge.max_attempts
+            delay = None if give_up else min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempts - 1))
+            log.warning("judging turn %s failed (try %d): %r%s", row["id"], attempts, e,
+                        "; giving up" if give_up else f"; retrying in {delay:.0f} s")
+            await self.store.judge_failed(row["id"], repr(e), delay)
+            return
+        await self.store.save_judgment(row["id"], result.score, result.votes, result.raw, result.hint)
+        log.info("turn %s judged %+d%s", row["id"], result.score, " with a hint" if result.hint else "")
+
+    async def _end_idle_sessions(self) -> None:
+        for session_id in await self.store.idle_sessions(self.cfg.session.idle_timeout_s):
+            await self.store.end_session(session_id)
+            log.info("session %s ended after %.0f s idle", session_id, self.cfg.session.idle_timeout_s)

@@ -1,0 +1,170 @@
+"""Hot-swap: notice new adapter versions, guard them, load them, and route new requests to them.
+
+One asyncio task in the daemon polls the adapters folder (a few times a second: cheaper and more
+robust than inotify for one folder). A new complete version is checked (weights finite), loaded
+into the engine between two decode steps, and given a canary test on recent served prompts; if it
+has collapsed (empty or looping answers) it is marked REJECTED and unloaded, else it becomes the
+active version. Requests already running finish on the version they started with, so a swap never
+fails or refuses a request. `activate` and `rollback` serve the operator's commands.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from . import adapters
+from .config import Config
+from .store import Store
+from .types import GenParams
+
+log = logging.getLogger("clawrl.swap")
+POLL_S = 0.2
+CANARY_PROMPTS, CANARY_TOKENS = 3, 24
+
+
+def repetition(ids: list[int], n: int = 4) -> float:
+    """Share of repeated n-grams in a token sequence (0 = none, near 1 = a loop)."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+class Swapper:
+    def __init__(self, cfg: Config, engine, store: Store):
+        self.cfg, self.engine, self.store = cfg, engine, store
+        self.root = cfg.adapters_dir
+        self.seen = 0                       # versions up to this one have been considered
+        self.events: list[dict] = []        # recent decisions, newest last (for status)
+        self.swapped_at: dict[int, float] = {}
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="clawrl-swap")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def _event(self, version: int, event: str, reason: str = "") -> None:
+        self.events = [*self.events[-49:], {"version": version, "event": event, "reason": reason,
+                                            "at": time.time()}]
+        log.info("adapter %04d %s%s", version, event, f": {reason}" if reason else "")
+
+    async def _run(self) -> None:
+        adapters.clean_temp(self.root)
+        await self._restore()
+        while True:
+            try:
+                for v in adapters.list_versions(self.root):
+                    if v > self.seen:
+                        async with self._lock:
+                            await self._consider(v)
+                        self.seen = max(self.seen, v)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("adapter watch pass failed; retrying")
+            await asyncio.sleep(POLL_S)
+
+    async def _restore(self) -> None:
+        """After a restart, serve what was active (if it is still good)."""
+        versions = adapters.list_versions(self.root)
+        self.seen = versions[-1] if versions else 0
+        active = adapters.read_active(self.root)
+        if active and active in versions and adapters.rejection(self.root, active) is None:
+            await self._load(active)
+            self.engine.activate(active)
+            self._event(active, "restored")
+
+    async def _load(self, version: int) -> None:
+        if version and version not in self.engine.loaded_adapters:
+            await asyncio.wrap_future(self.engine.load_adapter(version, adapters.version_dir(self.root, version)))
+
+    async def _consider(self, version: int) -> None:
+        if adapters.rejection(self.root, version) is not None:
+            return
+        problem = await asyncio.to_thread(adapters.weights_problem, adapters.version_dir(self.root, version))
+        if problem is None:
+            await self._load(version)
+            problem = await self._canary(version)
+        if problem:
+            adapters.reject(self.root, version, problem)
+            if version in self.engine.loaded_adapters:
+                await asyncio.wrap_future(self.engine.unload_adapter(version))
+            self._event(version, "rejected", problem)
+            return
+        await self._switch(version, "activated")
+
+    async def _switch(self, version: int, event: str) -> None:
+        previous = self.engine.adapter_version
+        self.engine.activate(version)
+        adapters.write_active(self.root, version)
+        self.swapped_at[version] = time.time()
+        self._event(version, event)
+        # Keep the previous version loaded for requests still running on it; free older ones.
+        for v in sorted(self.engine.loaded_adapters):
+            if v not in (version, previous):
+                await asyncio.wrap_future(self.engine.unload_adapter(v))
+
+    async def _canary(self, version: int) -> str | None:
+        """Answer a few recent prompts with the new version; a collapse is a reason to reject."""
+        prompts = await self.store.recent_prompts(CANARY_PROMPTS, max_tokens=1024)
+        if not prompts:
+            return None
+        outs = []
+        for ids in prompts:
+            gen = self.engine.submit(ids, GenParams(max_tokens=CANARY_TOKENS, temperature=0), adapter=version)
+            outs.append([(ev.token_id, ev.text) async for ev in gen])
+        texts = ["".join(t for _, t in out).strip() for out in outs]
+        if all(not t for t in texts):
+            return "canary: every answer was empty"
+        loops = [repetition([i for i, _ in out]) for out in outs]
+        if min(loops) > 0.5:
+            return f"canary: answers loop (4-gram repetition {min(loops):.2f})"
+        return None
+
+    # -- operator commands ---------------------------------------------------------------------
+    async def activate(self, version: int) -> None:
+        async with self._lock:
+            if version:
+                if version not in adapters.list_versions(self.root):
+                    raise LookupError(f"adapter version {version} does not exist")
+                reason = adapters.rejection(self.root, version)
+                if reason:
+                    raise LookupError(f"adapter version {version} was rejected ({reason})")
+                await self._load(version)
+            await self._switch(version, "activated by operator")
+
+    async def rollback(self) -> int:
+        """Back to the good version before the active one (or the base); the versions after it
+        are marked rejected so neither the server nor the trainer builds on them."""
+        async with self._lock:
+            current = self.engine.adapter_version
+            good = [v for v in adapters.good_versions(self.root) if v < current] if current else []
+            target = good[-1] if good else 0
+            for v in adapters.list_versions(self.root):
+                if v > target and adapters.rejection(self.root, v) is None:
+                    adapters.reject(self.root, v, f"rolled back to {target} by operator")
+            await self._load(target)
+            await self._switch(target, "rolled back to")
+            return target
+
+    def status(self) -> dict:
+        versions = []
+        for v in adapters.list_versions(self.root):
+            try:
+                meta = adapters.read_meta(self.root, v)
+            except (OSError, json.JSONDecodeError):
+                meta = {}
+            versions.append({"version": v, "parent": meta.get("parent"),
+                             "samples": len(meta.get("samples", [])), "loss": meta.get("loss"),
+                             "created_at": meta.get("created_at"),
+                             "rejected": adapters.rejection(self.root, v),
+                             "loaded": v in self.engine.loaded_adapters})
+        return {"active": self.engine.adapter_version, "versions": versions, "events": self.events[-20:]}
