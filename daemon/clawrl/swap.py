@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 
 from . import adapters
@@ -90,6 +91,9 @@ class Swapper:
         if adapters.rejection(self.root, version) is not None:
             return
         problem = await asyncio.to_thread(adapters.weights_problem, adapters.version_dir(self.root, version))
+        loss = adapters.read_meta(self.root, version).get("loss")
+        if problem is None and isinstance(loss, (int, float)) and not math.isfinite(loss):
+            problem = f"training loss was {loss}"
         if problem is None:
             await self._load(version)
             problem = await self._canary(version)
