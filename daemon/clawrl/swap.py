@@ -22,7 +22,7 @@ from .types import GenParams
 
 log = logging.getLogger("clawrl.swap")
 POLL_S = 0.2
-CANARY_PROMPTS, CANARY_TOKENS = 3, 24
+CANARY_PROMPTS, CANARY_TOKENS = 2, 16
 
 
 def repetition(ids: list[int], n: int = 4) -> float:
@@ -121,10 +121,11 @@ class Swapper:
         prompts = await self.store.recent_prompts(CANARY_PROMPTS, max_tokens=1024)
         if not prompts:
             return None
-        outs = []
-        for ids in prompts:
-            gen = self.engine.submit(ids, GenParams(max_tokens=CANARY_TOKENS, temperature=0), adapter=version)
-            outs.append([(ev.token_id, ev.text) async for ev in gen])
+        async def answer(ids):    # run together: the engine decodes them in one batch
+            gen = self.engine.submit(ids, GenParams(max_tokens=CANARY_TOKENS, temperature=0),
+                                     adapter=version)
+            return [(ev.token_id, ev.text) async for ev in gen]
+        outs = await asyncio.gather(*(answer(ids) for ids in prompts))
         texts = ["".join(t for _, t in out).strip() for out in outs]
         if all(not t for t in texts):
             return "canary: every answer was empty"
