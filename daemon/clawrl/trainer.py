@@ -1,0 +1,296 @@
+"""The background trainer: judged turns from the turn log -> one LoRA PPO step -> adapters/NNNN/.
+
+A separate process (`python -m clawrl.trainer`, or `clawrl train` from the daemon's supervisor).
+It owns the policy (base model + LoRA), teacher scoring, the optimizer step and writing versions.
+Which turns are ready and how they are marked is samples.py; the math is advantages.py; the folder
+format is adapters.py; the schema is migrations.py (the daemon applies it, not the trainer).
+
+Crash safety: a version is written to a temp folder and renamed (adapters.write_version); only
+then are its turns marked trained, in one transaction. A crash before the rename leaves the turns
+ready and they are trained again; a crash between the rename and the mark is repaired on the next
+start from the `samples` list in each version's meta.json. So no turn is lost, and none is
+trained into two versions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+import warnings
+from contextlib import nullcontext
+
+# Set before torch loads: OpenMP's spin-wait slows every op on a 2-core box shared with serving.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from . import adapters, models  # noqa: E402
+from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
+                         truncated_is_weights)
+from .config import Config, load_config  # noqa: E402
+from .engines.embedded import _bf16_supported  # noqa: E402
+from .samples import (Sample, connect, load_samples, log, reconcile, reward_of,  # noqa: E402
+                      select_ready, write)
+from .teacher import teacher_prompt  # noqa: E402
+
+
+class Abandoned(Exception):
+    """The step stopped before writing anything (shutdown, or its parent was rejected)."""
+
+
+class Trainer:
+    """Holds the policy (base + LoRA), its optimizer and the turn-log connection."""
+
+    def __init__(self, cfg: Config, stop: threading.Event | None = None):
+        self.cfg, self.stop = cfg, stop or threading.Event()
+        self.root = cfg.adapters_dir
+        self.db = connect(cfg.db_path)
+        adapters.clean_temp(self.root)
+        fixed = reconcile(self.db, self.root)
+        if fixed:
+            log(f"reconciled {fixed} turns with the versions on disk")
+        torch.set_num_threads(cfg.train.threads)
+        self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if _bf16_supported() \
+            else nullcontext
+        self.model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+        from transformers import AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.load(adapters.newest_good(self.root))
+        self.baseline = self.history_baseline() if cfg.train.baseline_decay > 0 else None
+
+    def load(self, parent: int | None) -> None:
+        """Base model in float32 (master weights; compute runs under bf16 autocast) plus LoRA:
+        fresh, or resumed from version `parent`, which the next version then names as parent."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()   # one line per event in the daemon's log, not bars
+        # peft asks transformers a deprecated question on every load; the answer is still right.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                category=FutureWarning)
+        t0 = time.perf_counter()
+        base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        t = self.cfg.train
+        if parent is None:
+            torch.manual_seed(0)   # the same first adapter from the same data
+            targets = "all-linear" if t.lora_targets == "all-linear" else \
+                [s.strip() for s in t.lora_targets.split(",") if s.strip()]
+            # No dropout: the no-grad "old" pass and the first training pass see the same
+            # network, so the PPO ratio starts at exactly 1.
+            lora = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, target_modules=targets,
+                              lora_dropout=0.0, task_type="CAUSAL_LM")
+            self.model = get_peft_model(base, lora)
+        else:
+            # The saved adapter's rank and targets win over the recipe: a lineage keeps its shape.
+            self.model = PeftModel.from_pretrained(base, adapters.version_dir(self.root, parent),
+                                                   is_trainable=True)
+        self.model.eval()   # no dropout anywhere; gradients still flow
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # No weight decay: the adapter moves only where the feedback says so.
+        self.opt = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=0.0)
+        self.parent = parent
+        lora_from = f"version {parent:04d}" if parent else "a new adapter"
+        log(f"{self.model_path.name} + LoRA from {lora_from} ready"
+            f" in {time.perf_counter() - t0:.1f} s")
+
+    def history_baseline(self) -> RunningBaseline:
+        """Rebuild the per-user reward baseline from the turns already trained, so a restart does
+        not change what the next step learns."""
+        b = RunningBaseline(self.cfg.train.baseline_decay)
+        for r in self.db.execute("SELECT user_id, feedback_reward, judge_score FROM turns"
+                                 " WHERE train_status='trained' ORDER BY id"):
+            if reward_of(r):
+                b.update(r["user_id"] or "", reward_of(r))
+        return b
+
+    def logprobs(self, context: list[int], response: list[int]) -> torch.Tensor:
+        """Logprob of each response token after `context`: one sequence, one forward.
+
+        The last response token is not fed (nothing after it is scored) and only the response
+        positions' logits are kept, which spares a (context x vocabulary) tensor."""
+        ids = torch.tensor([context + response[:-1]])
+        with self.autocast():
+            logits = self.model(input_ids=ids, logits_to_keep=len(response), use_cache=False).logits
+        logp = torch.log_softmax(logits[0].float(), dim=-1)
+        return logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+    def teacher_logprobs(self, s: Sample) -> list[float]:
+        """The frozen base, shown the hint, scores the served tokens; stored on the turn once."""
+        if s.teacher_logp is None:
+            context = teacher_prompt(self.tokenizer, s.request, s.hint)
+            with torch.no_grad(), self.model.disable_adapter():
+                s.teacher_logp = self.logprobs(context[-self.cfg.train.max_prompt_tokens:],
+                                               s.response_ids).tolist()
+            write(self.db, "UPDATE turns SET teacher_logprobs=? WHERE id=?",
+                  [(json.dumps(s.teacher_logp), s.id)])
+        return s.teacher_logp
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise Abandoned("shutting down")
+
+    def prepare(self, s: Sample) -> dict:
+        """Everything that is constant during the update: old/ref logprobs, advantages, weights."""
+        t, method = self.cfg.train, self.cfg.method
+        # Left truncation: the end of the prompt (latest user message, tool results, the
+        # assistant header) is what the response answers; a long OpenClaw system prompt at the
+        # front is the part a CPU can least afford and the update can best do without.
+        context = s.prompt_ids[-t.max_prompt_tokens:]
+        teacher = None
+        if s.hint and method.name != "rl":
+            teacher = torch.tensor(self.teacher_logprobs(s))
+        with torch.no_grad():
+            old = self.logprobs(context, s.response_ids)
+            ref = None
+            if t.kl_coef > 0:
+                with self.model.disable_adapter():
+                    ref = self.logprobs(context, s.response_ids)
+        baseline = self.baseline.value(s.user_id or "") if self.baseline else 0.0
+        adv = method_advantages(method.name, s.reward, teacher, old, w_rl=method.w_rl,
+                                w_opd=method.w_opd, baseline=baseline, cap=t.opd_cap or None)
+        if adv is None:   # cannot happen after select_ready, but never train on nothing
+            raise ValueError(f"turn {s.id} has no signal for method {method.name}")
+        weights = None
+        if s.served_logp is not None:
+            weights = truncated_is_weights(old, torch.tensor(s.served_logp), t.tis_cap)
+        return {"context": context, "response": s.response_ids, "old": old, "ref": ref,
+                "adv": guard_empty(adv, s.empty), "weights": weights}
+
+    def optimize(self, batch: list[dict], lr: float) -> dict:
+        """`epochs` PPO epochs, each one optimizer step over the whole batch. One sequence per
+        forward (lengths differ; memory stays small), gradients summed with token weights so every
+        token of the batch counts alike."""
+        t = self.cfg.train
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        n_tokens = sum(len(b["response"]) for b in batch)
+        epochs = []
+        for _ in range(t.epochs):
+            self.opt.zero_grad(set_to_none=True)
+            totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0}
+            for b in batch:
+                self.check_stop()
+                new = self.logprobs(b["context"], b["response"])[None]   # [1, T]
+                weights, ref = b["weights"], b["ref"]
+                loss, stats = ppo_loss(new, b["old"][None], b["adv"][None], torch.ones_like(new),
+                                       t.eps_low, t.eps_high,
+                                       is_weights=None if weights is None else weights[None],
+                                       ref_logp=None if ref is None else ref[None],
+                                       kl_coef=t.kl_coef)
+                share = len(b["response"]) / n_tokens
+                (loss * share).backward()
+                for k in totals:
+                    totals[k] += stats.get(k, 0.0) * share
+            norm = torch.nn.utils.clip_grad_norm_(self.params, t.max_grad_norm or float("inf"))
+            totals["grad_norm"] = float(norm)
+            self.opt.step()
+            epochs.append(totals)
+        return {"loss": sum(e["loss"] for e in epochs) / len(epochs),
+                "epoch_losses": [e["loss"] for e in epochs],
+                "clip_fraction": epochs[-1]["clip_fraction"],   # 0 in the first epoch by design
+                "kl": epochs[-1]["kl"] if t.kl_coef > 0 else None,
+                "grad_norm": [e["grad_norm"] for e in epochs], "tokens": n_tokens}
+
+    def step(self) -> int | None:
+        """At most one training step: the new version, or None (too few samples, or abandoned)."""
+        cfg = self.cfg
+        good = adapters.newest_good(self.root)
+        if good != self.parent:   # a rollback, a rejection or an abandoned step
+            log(f"continuing from {f'version {good:04d}' if good else 'the base model'}")
+            self.load(good)
+        ready = select_ready(self.db, cfg.method.name)
+        if len(ready) < cfg.train.batch_size:
+            return None
+        samples = load_samples(self.db, ready[:cfg.train.batch_size])
+        if len(samples) < cfg.train.batch_size:   # some were unreadable: choose again next time
+            return None
+        version = (adapters.newest(self.root) or 0) + 1
+        lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)   # decays with every version
+        log(f"training step on {len(samples)} samples (turns {[s.id for s in samples]})"
+            f" -> version {version:04d}")
+        t0 = time.perf_counter()
+        try:
+            batch = []
+            for s in samples:
+                self.check_stop()
+                batch.append(self.prepare(s))
+            stats = self.optimize(batch, lr)
+            if self.parent and adapters.rejection(self.root, self.parent):
+                raise Abandoned(f"parent {self.parent:04d} was rejected during the step")
+        except Abandoned as e:
+            log(f"step abandoned ({e}); nothing written")
+            self.parent = -1   # the weights are half-updated: the next step reloads them
+            return None
+        rewards = [s.reward for s in samples if s.reward is not None]
+        meta = {
+            "parent": self.parent, "samples": [s.id for s in samples],
+            "base_model": {"name": cfg.model.name, "source": cfg.model.source,
+                           "path": str(self.model_path)},
+            "method": cfg.method.name, **stats,
+            "reward": {"mean": sum(rewards) / len(rewards), "min": min(rewards),
+                       "max": max(rewards), "n": len(rewards)} if rewards else None,
+            "n_hints": sum(1 for s in samples if s.hint and cfg.method.name != "rl"),
+            "lr": lr, "seconds": round(time.perf_counter() - t0, 3),
+            "recipe": {"train": dataclasses.asdict(cfg.train),
+                       "method": dataclasses.asdict(cfg.method)},
+        }
+        adapters.write_version(self.root, version, self.model.save_pretrained, meta)
+        # Only after the rename: a crash in between is repaired by reconcile() on restart.
+        write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
+              [(version, s.id) for s in samples])
+        self.parent = version
+        if self.baseline:   # the batch used the baseline from before it; now fold its rewards in
+            for s in samples:
+                if s.reward:
+                    self.baseline.update(s.user_id or "", s.reward)
+        adapters.prune(self.root, cfg.train.keep_adapters,
+                       protect={version, adapters.read_active(self.root) or 0})
+        reward = f"{meta['reward']['mean']:+.2f}" if rewards else "-"
+        log(f"version {version:04d}: {len(samples)} samples, loss {stats['loss']:.4f},"
+            f" mean reward {reward}, {meta['seconds']:.1f} s")
+        return version
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def run_once(cfg: Config) -> int | None:
+    """One training step in a fresh trainer (for tests and one-off use)."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.step()
+    finally:
+        trainer.close()
+
+
+def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
+    """Train whenever enough samples are ready; return when `stop` is set or on SIGTERM/SIGINT.
+    A step under way when that happens is abandoned: no partial version is ever written."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    trainer = Trainer(cfg, stop)
+    log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
+        f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
+    try:
+        while not stop.is_set():
+            try:
+                version = trainer.step()
+            except sqlite3.OperationalError as e:   # e.g. locked past busy_timeout: try again
+                log(f"turn log busy ({e}); retrying")
+                version = None
+            if version is None:
+                stop.wait(cfg.train.poll_s)
+    finally:
+        trainer.close()
+    log("stopped")
+
+
+if __name__ == "__main__":
+    main_loop(load_config())
