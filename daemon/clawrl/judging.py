@@ -13,6 +13,7 @@ import json
 import logging
 
 from .chat_format import content_text
+from .background import BackgroundLoop
 from .config import Config
 from .judge import JudgeInput, make_judge, openai_complete
 from .store import Store
@@ -48,7 +49,9 @@ def engine_complete(engine, temperature: float, max_tokens: int):
     return complete
 
 
-class Judging:
+class Judging(BackgroundLoop):
+    name = "clawrl-judging"
+
     def __init__(self, cfg: Config, store: Store, engine):
         self.cfg, self.store = cfg, store
         j = cfg.judge
@@ -59,18 +62,6 @@ class Judging:
             complete = engine_complete(engine, j.temperature, j.max_tokens)
         self.judge = make_judge(j.backend, j.votes, complete)
         self.wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="clawrl-judging")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         while True:

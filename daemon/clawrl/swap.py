@@ -16,6 +16,7 @@ import math
 import time
 
 from . import adapters
+from .background import BackgroundLoop
 from .config import Config
 from .store import Store
 from .types import GenParams
@@ -31,26 +32,16 @@ def repetition(ids: list[int], n: int = 4) -> float:
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
-class Swapper:
+class Swapper(BackgroundLoop):
+    name = "clawrl-swap"
+
     def __init__(self, cfg: Config, engine, store: Store):
         self.cfg, self.engine, self.store = cfg, engine, store
         self.root = cfg.adapters_dir
         self.seen = 0                       # versions up to this one have been considered
         self.events: list[dict] = []        # recent decisions, newest last (for status)
         self.swapped_at: dict[int, float] = {}
-        self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="clawrl-swap")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
 
     def _event(self, version: int, event: str, reason: str = "") -> None:
         self.events = [*self.events[-49:], {"version": version, "event": event, "reason": reason,
