@@ -51,8 +51,9 @@ def cmd_status(args) -> int:
         r = httpx.get(f"{url}/readyz", headers=_headers(cfg), timeout=5)
         info = r.json()
         print(f"daemon     {url}  {info.get('status')}")
-        for key in ("model", "adapter_version", "context_length", "queue", "turns",
-                    "in_flight_or_incomplete", "with_next_state", "error"):
+        for key in ("model", "adapter_version", "context_length", "queue", "trainer", "turns",
+                    "in_flight_or_incomplete", "with_next_state", "awaiting_judge", "judged",
+                    "error"):
             if info.get(key) is not None:
                 print(f"{key:<24} {info[key]}")
     except httpx.HTTPError:

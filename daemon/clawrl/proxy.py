@@ -284,10 +284,11 @@ async def readyz(request: Request) -> Response:
     state: DaemonState = request.app.state.daemon
     if state.ready:
         counts = await state.store.counts()
+        trainer = state.trainer.status()["state"] if state.trainer else "off"
         return JSONResponse({"status": "ready", "model": state.engine.model_id,
                              "adapter_version": state.engine.adapter_version,
                              "context_length": state.engine.context_length,
-                             "queue": state.engine.queue_depth(), **counts})
+                             "queue": state.engine.queue_depth(), "trainer": trainer, **counts})
     status = "failed" if state.load_error else "loading"
     return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
 

@@ -218,7 +218,14 @@ class Trainer:
             batch = []
             for s in samples:
                 self.check_stop()
-                batch.append(self.prepare(s))
+                try:
+                    batch.append(self.prepare(s))
+                except (Abandoned, sqlite3.Error):
+                    raise
+                except Exception as e:   # a turn the model cannot take (bad ids, too long, ...)
+                    log(f"turn {s.id} cannot be trained ({type(e).__name__}: {e}); skipped")
+                    write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?", [(s.id,)])
+                    return None   # nothing was updated yet; choose a full batch next time
             stats = self.optimize(batch, lr)
             if self.parent and adapters.rejection(self.root, self.parent):
                 raise Abandoned(f"parent {self.parent:04d} was rejected during the step")
@@ -272,9 +279,15 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     """Train whenever enough samples are ready; return when `stop` is set or on SIGTERM/SIGINT.
     A step under way when that happens is abandoned: no partial version is ever written."""
     stop = stop or threading.Event()
+
+    def on_signal(sig, _frame):
+        if sig == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt   # a second Ctrl-C: stop now
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
     trainer = Trainer(cfg, stop)
     log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
