@@ -92,8 +92,8 @@ class TrainConfig:
     enabled: bool = _f(True, "run the background trainer (a child process of the daemon)")
     batch_size: int = _f(1, "judged samples per training step", minimum=1)
     epochs: int = _f(2, "PPO epochs over each batch (the clip binds from the second)", minimum=1)
-    lr: float = _f(1e-4, "AdamW learning rate of the LoRA weights (one +1 turn at 1e-4 takes an
-                   "8-token answer from -2.8 to -0.8 total logprob; 5e-4 to -0.1)", minimum=0.0)
+    lr: float = _f(1e-4, "AdamW learning rate of the LoRA weights (one +1 turn at 1e-4 takes an "
+                   "8-token answer from -2.8 to -0.8 total logprob; at 5e-4 to -0.1)", minimum=0.0)
     lr_decay: float = _f(0.97, "learning rate multiplier per step (calms drift after first gains)",
                          minimum=0.0)
     lora_r: int = _f(16, "LoRA rank", minimum=1)
