@@ -187,6 +187,36 @@ def test_hint_only_sample_moves_toward_the_teacher(lm, tmp_path):
     assert meta["n_hints"] == 1 and meta["method"] == "opd"
 
 
+def test_topk_distillation_stores_the_teachers_top_tokens_and_moves_toward_them(lm, tmp_path):
+    log = TurnLog(tmp_path, method_name="opd", train_lr="2e-4", train_epochs="2", opd_topk="8")
+    turn = served(lm, FRANCE)
+    hint = "Reply in French only."
+    tid = log.add(turn, judge_score=-1, judge_hint=hint)
+    assert run_once(log.cfg) == 1
+
+    tok, model, _ = lm
+    context = teacher_prompt(tok, {"messages": turn["messages"]}, hint)
+    with torch.no_grad():
+        ids = torch.tensor([context + turn["response_ids"][:-1]])
+        logits = model(input_ids=ids, logits_to_keep=len(turn["response_ids"])).logits[0].float()
+    top = torch.log_softmax(logits, -1).topk(8, -1)
+    stored = json.loads(log.rows()[tid]["teacher_topk"])
+    assert torch.tensor(stored["ids"]).shape == (len(turn["response_ids"]), 8)
+    # bf16 autocast vs float32: the teacher's most likely token agrees on nearly every position
+    agree = (torch.tensor(stored["ids"])[:, 0] == top.indices[:, 0]).float().mean()
+    assert agree >= 0.75
+
+    def topk_gap(m):   # mean |student - teacher| logprob over the teacher's top 8 per position
+        with torch.no_grad():
+            ids = torch.tensor([turn["prompt_ids"] + turn["response_ids"][:-1]])
+            lp = torch.log_softmax(m(input_ids=ids, logits_to_keep=len(turn["response_ids"]))
+                                   .logits[0].float(), -1)
+        return (lp.gather(-1, top.indices) - top.values).abs().mean().item()
+    before, after = topk_gap(model), topk_gap(adapter_model(log.home, 1))
+    print(f"\ntop-8 gap to the teacher {before:.3f} -> {after:.3f}")
+    assert after < before
+
+
 # -- bookkeeping ----------------------------------------------------------------------------------
 
 def test_meta_marks_and_never_trains_a_turn_twice(lm, tmp_path):

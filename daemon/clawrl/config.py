@@ -65,6 +65,12 @@ class MethodConfig:
 
 
 @dataclass
+class OpdConfig:
+    topk: int = _f(0, "top-K distillation: also match the teacher's K most likely tokens per "
+                   "position (plus a tail bin); 0 = only the served tokens", minimum=0)
+
+
+@dataclass
 class JudgeConfig:
     backend: str = _f("rules", "who judges turns: rules (deterministic), engine (the served base "
                       "model, adapters off) or openai (any OpenAI-compatible endpoint)",
@@ -131,6 +137,7 @@ class Config:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    opd: OpdConfig = field(default_factory=OpdConfig)
     home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())
     recipe: Path | None = None
 

@@ -107,3 +107,9 @@ def m002_judgments_and_feedback(db: sqlite3.Connection) -> None:
     ):
         db.execute(f"ALTER TABLE turns ADD COLUMN {column}")
     db.execute("CREATE INDEX turns_judge ON turns(judge_status, next_state_at)")
+
+
+@migration
+def m003_teacher_topk(db: sqlite3.Connection) -> None:
+    # {"ids": [[K ids] per response token], "logp": [[K logprobs] ...]} when opd.topk > 0
+    db.execute("ALTER TABLE turns ADD COLUMN teacher_topk TEXT")

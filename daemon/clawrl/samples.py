@@ -43,6 +43,7 @@ class Sample:
     reward: float | None
     hint: str | None
     teacher_logp: list[float] | None
+    teacher_topk: dict | None = None     # {"ids": [[K]...], "logp": [[K]...]} when opd.topk > 0
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -127,7 +128,8 @@ def load_samples(db: sqlite3.Connection, ids: list[int]) -> list[Sample]:
                 served_logp=served if served and len(served) == len(response_ids) else None,
                 empty=not (r["response_text"] or "").strip() and not calls,
                 reward=reward_of(r), hint=pick_hint(r["feedback_comment"], r["judge_hint"]),
-                teacher_logp=teacher if teacher and len(teacher) == len(response_ids) else None))
+                teacher_logp=teacher if teacher and len(teacher) == len(response_ids) else None,
+                teacher_topk=json.loads(r["teacher_topk"] or "null")))
         except (ValueError, TypeError, KeyError) as e:
             log(f"turn {i}: unreadable record ({e}); skipped")
             bad.append((i,))

@@ -30,12 +30,17 @@ import torch  # noqa: E402
 
 from . import adapters, models  # noqa: E402
 from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
-                         truncated_is_weights)
+                         topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
 from .engines.embedded import _bf16_supported  # noqa: E402
 from .samples import (Sample, connect, load_samples, log, reconcile, reward_of,  # noqa: E402
                       select_ready, write)
 from .teacher import teacher_prompt  # noqa: E402
+
+
+def _gather(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """Log-probability of each token under its row of logits."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
 class Abandoned(Exception):
@@ -108,26 +113,35 @@ class Trainer:
                 b.update(r["user_id"] or "", reward_of(r))
         return b
 
-    def logprobs(self, context: list[int], response: list[int]) -> torch.Tensor:
-        """Logprob of each response token after `context`: one sequence, one forward.
+    def response_logits(self, context: list[int], response: list[int]) -> torch.Tensor:
+        """Logits [T, V] predicting each response token after `context`: one sequence, one forward.
 
         The last response token is not fed (nothing after it is scored) and only the response
         positions' logits are kept, which spares a (context x vocabulary) tensor."""
         ids = torch.tensor([context + response[:-1]])
         with self.autocast():
             logits = self.model(input_ids=ids, logits_to_keep=len(response), use_cache=False).logits
-        logp = torch.log_softmax(logits[0].float(), dim=-1)
-        return logp.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+        return logits[0].float()
+
+    def logprobs(self, context: list[int], response: list[int]) -> torch.Tensor:
+        """Logprob of each response token after `context`."""
+        return _gather(self.response_logits(context, response), response)
 
     def teacher_logprobs(self, s: Sample) -> list[float]:
-        """The frozen base, shown the hint, scores the served tokens; stored on the turn once."""
-        if s.teacher_logp is None:
+        """The frozen base, shown the hint, scores the served tokens (and, with opd.topk, keeps
+        its K most likely tokens per position); stored on the turn once."""
+        k = self.cfg.opd.topk
+        if s.teacher_logp is None or (k and s.teacher_topk is None):
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             with torch.no_grad(), self.model.disable_adapter():
-                s.teacher_logp = self.logprobs(context[-self.cfg.train.max_prompt_tokens:],
-                                               s.response_ids).tolist()
-            write(self.db, "UPDATE turns SET teacher_logprobs=? WHERE id=?",
-                  [(json.dumps(s.teacher_logp), s.id)])
+                logits = self.response_logits(context[-self.cfg.train.max_prompt_tokens:],
+                                              s.response_ids)
+            s.teacher_logp = _gather(logits, s.response_ids).tolist()
+            if k:
+                top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+                s.teacher_topk = {"ids": top.indices.tolist(), "logp": top.values.tolist()}
+            write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
+                  [(json.dumps(s.teacher_logp), json.dumps(s.teacher_topk) if k else None, s.id)])
         return s.teacher_logp
 
     def check_stop(self) -> None:
@@ -158,8 +172,11 @@ class Trainer:
         weights = None
         if s.served_logp is not None:
             weights = truncated_is_weights(old, torch.tensor(s.served_logp), t.tis_cap)
+        topk = None
+        if teacher is not None and self.cfg.opd.topk and s.teacher_topk:
+            topk = (torch.tensor(s.teacher_topk["ids"]), torch.tensor(s.teacher_topk["logp"]))
         return {"context": context, "response": s.response_ids, "old": old, "ref": ref,
-                "adv": guard_empty(adv, s.empty), "weights": weights}
+                "adv": guard_empty(adv, s.empty), "weights": weights, "topk": topk}
 
     def optimize(self, batch: list[dict], lr: float) -> dict:
         """`epochs` PPO epochs, each one optimizer step over the whole batch. One sequence per
@@ -175,13 +192,18 @@ class Trainer:
             totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0}
             for b in batch:
                 self.check_stop()
-                new = self.logprobs(b["context"], b["response"])[None]   # [1, T]
+                logits = self.response_logits(b["context"], b["response"])
+                new = _gather(logits, b["response"])[None]   # [1, T]
                 weights, ref = b["weights"], b["ref"]
                 loss, stats = ppo_loss(new, b["old"][None], b["adv"][None], torch.ones_like(new),
                                        t.eps_low, t.eps_high,
                                        is_weights=None if weights is None else weights[None],
                                        ref_logp=None if ref is None else ref[None],
                                        kl_coef=t.kl_coef)
+                if b["topk"] is not None:   # reverse KL to the teacher over its top K + a tail
+                    ids, logp = b["topk"]
+                    loss = loss + self.cfg.method.w_opd * topk_distill_loss(
+                        logits[None], ids[None], logp[None], torch.ones_like(new))
                 share = len(b["response"]) / n_tokens
                 (loss * share).backward()
                 for k in totals:
