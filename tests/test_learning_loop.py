@@ -68,3 +68,24 @@ def test_feedback_trains_an_adapter_that_serves_the_next_request(tmp_path):
         assert row["status"] == "complete" and row["completion_tokens"] == 160
     finally:
         d.stop()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"   # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_the_trainer_stops_when_the_daemon_is_killed(tmp_path):
+    d = Daemon(make_home(tmp_path / "home"), env={"CLAWRL_TRAIN_ENABLED": "true"}).start()
+    pid, deadline = None, time.time() + 60
+    while not pid and time.time() < deadline:
+        pid = (httpx.get(f"{d.url}/v1/adapters", timeout=10).json()["trainer"] or {}).get("pid")
+        time.sleep(0.2)
+    assert pid and alive(pid)
+    d.kill()                                   # SIGKILL: the daemon cannot clean up
+    deadline = time.time() + 60
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.3)
+    assert not alive(pid), "the orphaned trainer kept running"

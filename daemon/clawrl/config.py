@@ -19,7 +19,7 @@ from .errors import ConfigError
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 # CLAWRL_* variables that are not recipe keys.
-RESERVED_ENV = {"CLAWRL_HOME", "CLAWRL_RECIPE", "CLAWRL_LOG_LEVEL"}
+RESERVED_ENV = {"CLAWRL_HOME", "CLAWRL_RECIPE", "CLAWRL_LOG_LEVEL", "CLAWRL_PARENT_PID"}
 
 
 def _f(default: Any, help: str, choices: tuple | None = None, minimum: float | None = None):

@@ -34,7 +34,8 @@ class TrainerSupervisor:
     async def _run(self) -> None:
         delay = BACKOFF_START
         while True:
-            env = {**os.environ, "CLAWRL_HOME": str(self.cfg.home)}
+            # The child watches for this pid: if the daemon dies (even by SIGKILL) it stops too.
+            env = {**os.environ, "CLAWRL_HOME": str(self.cfg.home), "CLAWRL_PARENT_PID": str(os.getpid())}
             args = [sys.executable, "-m", "clawrl", "train"]
             if self.cfg.recipe:
                 args += ["--recipe", str(self.cfg.recipe)]

@@ -313,8 +313,12 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     trainer = Trainer(cfg, stop)
     log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
+    parent = int(os.environ.get("CLAWRL_PARENT_PID") or 0)
     try:
         while not stop.is_set():
+            if parent and os.getppid() != parent:
+                log("the daemon that started this trainer is gone; stopping")
+                break
             try:
                 version = trainer.step()
             except sqlite3.OperationalError as e:   # e.g. locked past busy_timeout: try again
