@@ -137,15 +137,34 @@ def newest_good(root: Path) -> int | None:
     return versions[-1] if versions else None
 
 
-def write_active(root: Path, version: int) -> None:
+SEEN = "SEEN"   # the newest version the daemon has decided on (served or rejected)
+
+
+def _write_number(root: Path, name: str, version: int) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{ACTIVE}.tmp"
+    tmp = root / f".{name}.tmp"
     tmp.write_text(f"{version}\n")
-    os.replace(tmp, root / ACTIVE)
+    os.replace(tmp, root / name)
+
+
+def _read_number(root: Path, name: str) -> int | None:
+    try:
+        return int((root / name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_active(root: Path, version: int) -> None:
+    _write_number(root, ACTIVE, version)
 
 
 def read_active(root: Path) -> int | None:
-    try:
-        return int((root / ACTIVE).read_text().strip())
-    except (OSError, ValueError):
-        return None
+    return _read_number(root, ACTIVE)
+
+
+def write_seen(root: Path, version: int) -> None:
+    _write_number(root, SEEN, version)
+
+
+def read_seen(root: Path) -> int | None:
+    return _read_number(root, SEEN)
