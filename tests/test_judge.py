@@ -358,3 +358,10 @@ def test_openai_complete_connection_refused():
         port = s.getsockname()[1]        # closed again: nothing listens there
     with pytest.raises(JudgeUnavailable, match="unreachable"):
         asyncio.run(openai_complete(f"http://127.0.0.1:{port}/v1", "judge", None, timeout=5)([user("hi")]))
+
+
+def test_an_echo_of_the_listed_choices_is_not_a_vote():
+    # Seen with the 135M engine judge: it repeats the instruction line, whose last box is -1.
+    assert parse_vote("Answer \\boxed{1}, \\boxed{0} or \\boxed{-1}.") is None
+    assert parse_vote("\\boxed{1}: moves on. \\boxed{-1}: corrects. \\boxed{0}: unclear.") is None
+    assert parse_vote("It failed, so \\boxed{-1}") == -1

@@ -77,7 +77,8 @@ class JudgeConfig:
                       ("rules", "engine", "openai"))
     votes: int = _f(3, "judge calls per turn (and as many hint calls); majority wins", minimum=1)
     temperature: float = _f(0.6, "sampling temperature of judge calls", minimum=0.0)
-    max_tokens: int = _f(256, "budget of one judge call", minimum=8)
+    max_tokens: int = _f(128, "budget of one judge call (an engine call also ends at its answer)",
+                         minimum=8)
     context_messages: int = _f(6, "messages of the conversation before the turn shown to the judge",
                                minimum=0)
     url: str = _f("", "openai backend: base URL ending in /v1")

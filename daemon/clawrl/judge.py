@@ -134,7 +134,7 @@ def _turn_text(inp: JudgeInput) -> str:
 def vote_prompt(inp: JudgeInput) -> list[dict]:
     return [{"role": "system", "content": VOTE_SYSTEM},
             {"role": "user", "content": _turn_text(inp) + "\n\nDid the turn succeed? "
-             "Reason briefly, then answer \\boxed{1}, \\boxed{0} or \\boxed{-1}."}]
+             "Reason briefly, then give one box holding 1, 0 or -1."}]
 
 
 def hint_prompt(inp: JudgeInput) -> list[dict]:
@@ -153,11 +153,14 @@ def parse_vote(text: str) -> int | None:
     """The vote in the last complete `\\boxed{...}`: 1, 0 or -1 (`+1` and spaces allowed).
 
     Only the last box counts, even when it is invalid: it is the judge's final answer, and an
-    earlier box may be the judge quoting the instructions."""
-    boxes = _BOX.findall(text or "")
+    earlier box may be the judge quoting the instructions. A small judge that merely echoes the
+    three choices in their listed order has not voted."""
+    boxes = [re.sub(r"\s+", "", b) for b in _BOX.findall(text or "")]
+    if boxes[-3:] == ["1", "0", "-1"] or boxes[-3:] == ["1", "-1", "0"]:
+        return None
     if not boxes:
         return None
-    return _VOTES.get(re.sub(r"\s+", "", boxes[-1]))
+    return _VOTES.get(boxes[-1])
 
 
 def parse_hint(text: str) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 from .chat_format import content_text
 from .background import BackgroundLoop
@@ -37,6 +38,10 @@ def judge_input(row: dict, context_messages: int) -> JudgeInput:
                     for m in json.loads(row["next_state_json"])])
 
 
+# A judge call is over once it has given its answer; on a CPU every token after that is waste.
+ANSWERED = re.compile(r"\\boxed\{[^{}]*\}|\[HINT_END\]|\[NO_HINT\]")
+
+
 def engine_complete(engine, temperature: float, max_tokens: int):
     """Judge calls through the serving engine itself (the base model: adapters off)."""
     from .types import GenParams
@@ -45,7 +50,13 @@ def engine_complete(engine, temperature: float, max_tokens: int):
         ids = await asyncio.to_thread(engine.render, messages, None)
         budget = min(max_tokens, engine.context_length - len(ids))
         gen = engine.submit(ids, GenParams(max_tokens=budget, temperature=temperature), adapter=0)
-        return "".join([ev.text async for ev in gen])
+        text = ""
+        async for ev in gen:
+            text += ev.text
+            if ANSWERED.search(text[-40:]):
+                gen.cancel()
+                break
+        return text
     return complete
 
 

@@ -73,6 +73,7 @@ class _Turn:
         self.finish: Finish | None = None
         self.tool_calls: list[dict] = []
         self.streaming = False
+        self.recorded = False
 
     async def deltas(self):
         """Content deltas as tokens arrive; ends at EOS, the length limit or a stop string."""
@@ -115,9 +116,10 @@ class _Turn:
                             for t, lp in zip(self.token_texts, self.logprobs)]}
 
     async def record(self, status: str, error: str | None = None) -> None:
-        """Complete the turn row. Shielded: a client that disconnects cannot cut this short."""
-        if self.turn_id is None or self.state.store is None:
+        """Complete the turn row, once. Shielded: a client that disconnects cannot cut it short."""
+        if self.turn_id is None or self.state.store is None or self.recorded:
             return
+        self.recorded = True
         now = time.perf_counter()
         with anyio.CancelScope(shield=True):
             try:
@@ -154,8 +156,11 @@ async def _stream(turn: _Turn):
             body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
                     "model": turn.state.engine.model_id, "choices": [], "usage": turn.usage()}
             yield f"data: {json.dumps(body)}\n\n"
-        yield "data: [DONE]\n\n"
         status = "complete"
+        # Recorded before [DONE]: a client may send its next request (this turn's next state)
+        # the moment it reads [DONE], and only complete turns are linked to one.
+        await turn.record(status)
+        yield "data: [DONE]\n\n"
     except Exception as e:  # the engine failed mid-stream: tell the client in-band
         log.exception("generation failed")
         status, error = "failed", repr(e)

@@ -314,6 +314,8 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
     parent = int(os.environ.get("CLAWRL_PARENT_PID") or 0)
+    if parent:
+        os.nice(10)   # started by the daemon: serving comes first on a shared CPU
     try:
         while not stop.is_set():
             if parent and os.getppid() != parent:
