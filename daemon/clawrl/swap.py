@@ -24,7 +24,7 @@ from .store import Store
 from .types import GenParams
 
 log = logging.getLogger("clawrl.swap")
-POLL_S = 0.2
+POLL_S = 0.1
 CANARY_PROMPTS, CANARY_TOKENS = 2, 16
 
 
