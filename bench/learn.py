@@ -72,6 +72,8 @@ from pathlib import Path
 
 import httpx
 
+from common import stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"rules_b1_median_s": 5.0, "engine_b1_median_s": 15.0, "failed_requests": 0,
            "min_probe_requests": 100}
@@ -232,19 +234,7 @@ class Daemon:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         finally:
             log.close()
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            self._check_alive()
-            try:
-                r = httpx.get(f"{self.url}/readyz", timeout=2)
-                if r.status_code == 200:
-                    return
-                if r.json().get("status") == "failed":
-                    raise RuntimeError(f"daemon could not load the model: {r.json().get('error')}")
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"daemon not ready after {timeout:.0f} s")
+        wait_ready(self.proc, self.url, timeout)
 
     def wait_trainer(self, timeout: float = 180) -> int:
         """Wait until the trainer child has loaded its model and watches the turn log."""
@@ -261,15 +251,7 @@ class Daemon:
             raise RuntimeError(f"daemon exited with status {self.proc.returncode}")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            say("daemon did not stop within 20 s of SIGTERM: SIGKILL")
-            self.proc.kill()
-            self.proc.wait()
+        stop_server(self.proc)
 
     def log_text(self, offset: int = 0) -> str:
         try:

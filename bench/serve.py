@@ -49,6 +49,8 @@ from pathlib import Path
 
 import httpx
 
+from common import stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+
 import clawrl.config
 import clawrl.engines
 import clawrl.types
@@ -345,34 +347,6 @@ def start_server(env: dict[str, str], port: int, log_path: Path) -> subprocess.P
                                 stdin=subprocess.DEVNULL)
     finally:
         log.close()   # the child holds its own descriptor
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"clawrl serve exited with status {proc.returncode} before ready")
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2)
-            if r.status_code == 200:
-                return
-            if r.json().get("status") == "failed":
-                raise RuntimeError(f"clawrl serve could not load the model: {r.json().get('error')}")
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"clawrl serve not ready after {timeout:.0f}s")
-
-
-def stop_server(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def cpu_seconds(server_pid: int) -> tuple[float, float, float] | None:

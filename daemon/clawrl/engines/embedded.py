@@ -18,6 +18,7 @@ them and as the trainer recomputes them; sampling applies temperature and top-p 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import os
@@ -170,14 +171,13 @@ class EmbeddedEngine:
     # -- adapters (hot-swap) --------------------------------------------------------------------
     def _call_in_worker(self, fn):
         """Run fn on the worker thread between two passes (never during a forward); a future."""
-        import concurrent.futures
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             self._commands.append((fn, fut))
             self._cv.notify()
         return fut
 
-    def load_adapter(self, version: int, path) -> "concurrent.futures.Future":
+    def load_adapter(self, version: int, path) -> concurrent.futures.Future:
         def load():
             from peft import PeftModel
             name = f"v{version}"
@@ -189,7 +189,7 @@ class EmbeddedEngine:
             self.loaded_adapters.add(version)
         return self._call_in_worker(load)
 
-    def unload_adapter(self, version: int) -> "concurrent.futures.Future":
+    def unload_adapter(self, version: int) -> concurrent.futures.Future:
         """Free a version's weights once no running request uses it (it is then skipped)."""
         def unload():
             busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
