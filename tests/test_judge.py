@@ -3,7 +3,6 @@ scripted completion function, and openai_complete against a real local HTTP serv
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import threading
 import time

@@ -3,7 +3,6 @@ child process → new adapter live → the next request is served by it. A reque
 the adapter swaps in finishes normally."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 

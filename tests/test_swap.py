@@ -2,7 +2,6 @@
 ones are rejected; the operator can activate and roll back while the daemon runs."""
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time

@@ -4,8 +4,6 @@ Real adapter folders, a real turn log."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
 import torch
 from safetensors.torch import save_file
@@ -22,11 +20,6 @@ class ScriptedEngine:
 
     def __init__(self):
         self.adapter_version, self.loaded_adapters, self.unloaded = 0, set(), []
-
-    def _done(self, value=None):
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(value)
-        return fut
 
     def load_adapter(self, version, path):
         import concurrent.futures
