@@ -35,3 +35,14 @@ def stop_server(proc: subprocess.Popen | None, grace: float = 20) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def emit(results: dict, out: str | None) -> None:
+    """The machine-readable result: one JSON line on stdout, and in `out` when given."""
+    import json
+    from pathlib import Path
+
+    line = json.dumps(results, separators=(",", ":"))
+    print(line)
+    if out:
+        Path(out).write_text(line + "\n")

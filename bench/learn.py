@@ -72,7 +72,7 @@ from pathlib import Path
 
 import httpx
 
-from common import stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"rules_b1_median_s": 5.0, "engine_b1_median_s": 15.0, "failed_requests": 0,
@@ -978,10 +978,7 @@ def main(argv=None) -> int:
                  "inherited_env": {k: v for k, v in os.environ.items() if k.startswith("CLAWRL_")},
                  "wall_s": time.perf_counter() - T_START}}
     print_table(results)
-    line = json.dumps(results, separators=(",", ":"))
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(results, args.out)
     return 0
 
 

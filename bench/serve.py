@@ -49,7 +49,7 @@ from pathlib import Path
 
 import httpx
 
-from common import stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
 
 import clawrl.config
 import clawrl.engines
@@ -496,10 +496,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if ok:
         print_table(results)
-        line = json.dumps(results, separators=(",", ":"))
-        print(line)
-        if args.out:
-            Path(args.out).write_text(line + "\n")
+        emit(results, args.out)
     return 0
 
 
