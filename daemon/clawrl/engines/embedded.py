@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -180,6 +181,9 @@ class EmbeddedEngine:
     def load_adapter(self, version: int, path) -> concurrent.futures.Future:
         def load():
             from peft import PeftModel
+            # peft asks transformers a deprecated question on every load; the answer is still right.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
+                                    category=FutureWarning)
             name = f"v{version}"
             if self.model is self.base_model:
                 self.model = PeftModel.from_pretrained(self.base_model, str(path), adapter_name=name)
