@@ -90,7 +90,8 @@ class _Request:
     adapter: int = 0                  # the version this request runs on from start to end
     next_token: int | None = None     # sampled, sent, not yet fed to the model
     out_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    prefix_offset: int = 0            # incremental detokenizing: tokens [prefix, read) are
+    read_offset: int = 0              # context, tokens from `read` on are not yet sent as text
     cached: int = 0
 
 
@@ -392,16 +393,26 @@ class EmbeddedEngine:
             self._done(req, self._finish(req, "stop"))
             return
         req.out_ids.append(token)
-        text = self.tokenizer.decode(req.out_ids, skip_special_tokens=True,
-                                     clean_up_tokenization_spaces=False)
-        delta = ""
-        if not text.endswith("\ufffd"):        # wait for the rest of a multi-byte character
-            delta, req.text = text[len(req.text):], text
-        req.gen.put(TokenEvent(token, lp, delta))
+        req.gen.put(TokenEvent(token, lp, self._new_text(req)))
         req.next_token = token
         total = len(req.gen.prompt_ids) + len(req.out_ids)
         if len(req.out_ids) >= p.max_tokens or total >= self.context_length:
             self._done(req, self._finish(req, "length"))
+
+    def _new_text(self, req: _Request) -> str:
+        """The text the newest token adds. Only a short window is decoded (a token's text depends
+        on its neighbours, not on the whole answer), so each step costs the same however long the
+        answer grows; a multi-byte character split across tokens waits for its last byte."""
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True,
+                                         clean_up_tokenization_spaces=False)
+        ids = req.out_ids
+        before = decode(ids[req.prefix_offset:req.read_offset])
+        after = decode(ids[req.prefix_offset:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        return after[len(before):]
 
     def _finish(self, req: _Request, reason: str) -> Finish:
         return Finish(reason, len(req.gen.prompt_ids), len(req.out_ids), req.cached, req.adapter)
