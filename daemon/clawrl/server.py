@@ -1,9 +1,10 @@
 """The daemon's lifecycle: open the turn log, bind the port, load the model, serve, shut down.
 
 The port is bound first so `/healthz` answers at once; `/readyz` turns 200 once the model is
-loaded (a first start converts the model, which takes a while). SIGTERM/SIGINT are handled by
-uvicorn: it stops accepting, lets in-flight responses finish (bounded), then the lifespan closes
-the engine and the store.
+loaded (a first start converts the model, which takes a while). Then the background parts start:
+the judging loop, the hot-swap watcher and the trainer child process. SIGTERM/SIGINT are handled
+by uvicorn: it stops accepting, lets in-flight responses finish (bounded), then the lifespan stops
+the trainer, the watcher and the judge, and closes the engine and the store.
 """
 from __future__ import annotations
 
@@ -38,11 +39,13 @@ def _load(state: DaemonState) -> None:
 
 
 async def _after_load(state: DaemonState) -> None:
-    """Hot-swap and training start once the model is loaded."""
+    """Judging (the engine backend needs the model), hot-swap and training start once the model
+    is loaded."""
     while not state.ready:
         if state.load_error:
             return
         await asyncio.sleep(0.2)
+    state.judging.start()
     state.swapper.start()
     if state.cfg.train.enabled:
         state.trainer.start()
@@ -54,7 +57,6 @@ def make_lifespan(state: DaemonState):
         state.store = await Store.open(state.cfg.db_path)
         loader = asyncio.get_running_loop().run_in_executor(None, _load, state)
         state.judging = Judging(state.cfg, state.store, state.engine)
-        state.judging.start()
         state.swapper = Swapper(state.cfg, state.engine, state.store)
         state.trainer = TrainerSupervisor(state.cfg)
         started = asyncio.create_task(_after_load(state))
