@@ -18,6 +18,7 @@ from .background import BackgroundLoop
 from .config import Config
 from .judge import JudgeInput, make_judge, openai_complete
 from .store import Store
+from .types import GenParams
 
 log = logging.getLogger("clawrl.judging")
 BACKOFF_START, BACKOFF_MAX = 2.0, 300.0
@@ -44,7 +45,6 @@ ANSWERED = re.compile(r"\\boxed\{[^{}]*\}|\[HINT_END\]|\[NO_HINT\]")
 
 def engine_complete(engine, temperature: float, max_tokens: int):
     """Judge calls through the serving engine itself (the base model: adapters off)."""
-    from .types import GenParams
 
     async def complete(messages: list[dict]) -> str:
         ids = await asyncio.to_thread(engine.render, messages, None)

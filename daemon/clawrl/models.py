@@ -26,6 +26,15 @@ PYPI_MODELS = {
 }
 
 
+def bf16_supported() -> bool:
+    """Does this CPU compute bfloat16 natively (AVX-512 BF16 or AMX)? Else float32 is faster."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def log(msg: str) -> None:
     print(f"clawrl: {msg}", file=sys.stderr, flush=True)
 

@@ -18,6 +18,7 @@ import torch
 
 from . import adapters
 from .advantages import method_advantages
+from .store import connect_sync
 from .errors import ClawrlError
 from .teacher import pick_hint
 
@@ -50,11 +51,7 @@ def connect(path: Path) -> sqlite3.Connection:
     if not Path(path).exists():
         raise ClawrlError(f"no turn log at {path}: the daemon creates it; start `clawrl serve` "
                           "(or set CLAWRL_HOME to the daemon's data directory)")
-    db = sqlite3.connect(path, isolation_level=None, timeout=5.0)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA busy_timeout=5000")
-    db.row_factory = sqlite3.Row
-    return db
+    return connect_sync(path)
 
 
 def write(db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:

@@ -21,10 +21,13 @@ from . import migrations
 from .types import Attribution, Finish
 
 
-def _connect_sync(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None)
+def connect_sync(path: Path) -> sqlite3.Connection:
+    """A plain sqlite3 connection to the turn log (WAL, rows by name, explicit transactions),
+    for readers and for the trainer process; safe beside the daemon's own connection."""
+    db = sqlite3.connect(path, isolation_level=None, timeout=5.0)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA busy_timeout=5000")
+    db.row_factory = sqlite3.Row
     return db
 
 
@@ -42,8 +45,7 @@ class Store:
     @classmethod
     async def open(cls, path: Path) -> "Store":
         path.parent.mkdir(parents=True, exist_ok=True)
-        sync = sqlite3.connect(path)
-        sync.execute("PRAGMA journal_mode=WAL")
+        sync = connect_sync(path)
         migrations.apply(sync)
         sync.close()
         db = await aiosqlite.connect(path, isolation_level=None)
@@ -217,8 +219,7 @@ class Store:
 # -- reads for the CLI (plain sqlite3; safe while the daemon writes, thanks to WAL) ---------------
 
 def read_sessions(path: Path, limit: int = 50) -> list[dict]:
-    db = _connect_sync(path)
-    db.row_factory = sqlite3.Row
+    db = connect_sync(path)
     rows = db.execute(
         "SELECT s.id, s.user_id, s.derived, s.created_at, s.last_seen, s.ended_at,"
         " count(t.id) AS turns, sum(t.turn_type='main') AS main_turns"
@@ -229,8 +230,7 @@ def read_sessions(path: Path, limit: int = 50) -> list[dict]:
 
 
 def read_turns(path: Path, session_id: str | None = None, limit: int = 50) -> list[dict]:
-    db = _connect_sync(path)
-    db.row_factory = sqlite3.Row
+    db = connect_sync(path)
     where, args = ("WHERE session_id=?", [session_id]) if session_id else ("", [])
     rows = db.execute(
         f"SELECT * FROM turns {where} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()

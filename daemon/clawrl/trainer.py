@@ -32,7 +32,6 @@ from . import adapters, models  # noqa: E402
 from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
                          topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
-from .engines.embedded import _bf16_supported  # noqa: E402
 from .samples import (Sample, connect, load_samples, log, reconcile, reward_of,  # noqa: E402
                       select_ready, write)
 from .teacher import teacher_prompt  # noqa: E402
@@ -59,8 +58,8 @@ class Trainer:
         if fixed:
             log(f"reconciled {fixed} turns with the versions on disk")
         torch.set_num_threads(cfg.train.threads)
-        self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if _bf16_supported() \
-            else nullcontext
+        bf16 = models.bf16_supported()
+        self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
         self.model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)

@@ -33,7 +33,7 @@ import torch
 from ..chat_format import render_prompt, template_supports_tools
 from ..config import Config
 from ..errors import RequestError
-from ..models import log, provision
+from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation
 from .kvbatch import DecodeBatch
@@ -55,13 +55,6 @@ def _worth_reusing(cached: int, total: int) -> bool:
     cold = 2000 * total + total * total / 2
     return cached >= 16 and warm < cold
 
-
-def _bf16_supported() -> bool:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -122,7 +115,7 @@ class EmbeddedEngine:
         path = provision(self.cfg.model.source, self.cfg.models_dir, self.cfg.home / "cache")
         want = self.cfg.engine.dtype
         if want == "auto":
-            want = "bfloat16" if _bf16_supported() else "float32"
+            want = "bfloat16" if bf16_supported() else "float32"
         self.dtype = getattr(torch, want)
         torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
         # The worker runs the model's Python between torch ops while holding the GIL; at the
