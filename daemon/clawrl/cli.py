@@ -195,6 +195,25 @@ def cmd_adapters(args) -> int:
     return 0
 
 
+def cmd_openclaw_config(args) -> int:
+    from pathlib import Path
+
+    from . import openclaw_config as oc
+    cfg = _config(args)
+    ours = oc.snippet(cfg, (args.base_url or _base_url(cfg)).rstrip("/"), provider=args.provider,
+                      user_id=args.user_id, opt_out=args.opt_out)
+    if not args.write:
+        print(json.dumps(ours, indent=2))
+        print("\n# Merge this into ~/.openclaw/openclaw.json (or run with --write), then restart "
+              "the gateway: openclaw gateway restart", file=sys.stderr)
+        return 0
+    path = Path(args.file).expanduser() if args.file else oc.default_path()
+    backup = oc.write(path, ours, args.provider)
+    print(f"wrote {path}" + (f" (backup: {backup})" if backup else ""))
+    print("restart the gateway to pick it up: openclaw gateway restart")
+    return 0
+
+
 def cmd_recipe_keys(args) -> int:
     from .config import describe
     print(describe())
@@ -242,6 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", nargs="?", default="list", choices=("list", "activate", "rollback"))
     sp.add_argument("version", nargs="?", type=int, help="with activate: the version (0 = base)")
     sp.add_argument("--json", action="store_true", help="print JSON")
+    sp = add("openclaw-config", cmd_openclaw_config,
+             "print the provider block and plugin entry for openclaw.json, or merge them into it")
+    sp.add_argument("--write", action="store_true",
+                    help="merge into the config file, keeping everything else and a backup")
+    sp.add_argument("--file", help="with --write: the file (default: $OPENCLAW_CONFIG_PATH, else "
+                                   "~/.openclaw/openclaw.json)")
+    sp.add_argument("--provider", default="clawrl", help="provider id to use (default clawrl)")
+    sp.add_argument("--base-url", help="the daemon's URL as OpenClaw reaches it "
+                                       "(default: from the recipe's server.host and port)")
+    sp.add_argument("--user-id", help="whose feedback this is (default: the message sender)")
+    sp.add_argument("--opt-out", action="store_true", help="serve and log, but never train")
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p
