@@ -18,6 +18,7 @@ from pathlib import Path
 import aiosqlite
 
 from . import migrations
+from .chat_format import content_text
 from .types import Attribution, Finish
 
 
@@ -97,16 +98,17 @@ class Store:
 
     async def _link_next_state(self, session_id: str, messages: list[dict], now: float) -> None:
         async with self.db.execute(
-                "SELECT id, n_messages, next_state_at FROM turns WHERE session_id=? AND turn_type='main'"
-                " AND status='complete' ORDER BY turn_index DESC LIMIT 1", (session_id,)) as cur:
+                "SELECT id, n_messages, next_state_at, response_text, tool_calls FROM turns"
+                " WHERE session_id=? AND turn_type='main' AND status='complete'"
+                " ORDER BY turn_index DESC LIMIT 1", (session_id,)) as cur:
             prev = await cur.fetchone()
         if prev is None or prev["next_state_at"] is not None:
             return
-        n = prev["n_messages"]
-        # The previous response comes back as messages[n]; what follows it is the next state.
-        if len(messages) <= n + 1 or messages[n].get("role") != "assistant":
+        at = replayed_response(messages, prev["n_messages"], prev["response_text"],
+                               json.loads(prev["tool_calls"]) if prev["tool_calls"] else None)
+        if at is None or at + 1 >= len(messages):
             return
-        following = messages[n + 1:]
+        following = messages[at + 1:]
         await self.db.execute(
             "UPDATE turns SET next_state_role=?, next_state_json=?, next_state_at=? WHERE id=?",
             (following[0].get("role"), _dumps(following), now, prev["id"]))
@@ -214,6 +216,36 @@ class Store:
         return {"turns": total, "in_flight_or_incomplete": open_ or 0,
                 "with_next_state": with_next or 0, "judged": judged or 0,
                 "awaiting_judge": waiting or 0}
+
+
+def _calls_key(calls) -> list | None:
+    try:
+        return [(c["function"]["name"], json.loads(c["function"].get("arguments") or "{}"))
+                for c in calls]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def replayed_response(messages: list[dict], n_prev: int, text: str | None,
+                      calls: list[dict] | None) -> int | None:
+    """Where the previous turn's response sits in a later request of its session, or None.
+
+    The previous request had `n_prev` messages, so the response comes back at index n_prev, or at
+    n_prev - 1 when the client sends a context block last and rebuilds it each call (OpenClaw
+    does). It is found by content (same tool calls, else same text); when the client rewrote it,
+    an assistant message at one of those two places is taken. Anything shorter means the history
+    was cut (a compaction): no link, rather than a wrong one.
+    """
+    places = [i for i in (n_prev, n_prev - 1) if 0 <= i < len(messages)
+              and messages[i].get("role") == "assistant"]
+    want_calls = _calls_key(calls) if calls else None
+    for i in places:
+        m = messages[i]
+        if want_calls is not None and _calls_key(m.get("tool_calls") or []) == want_calls:
+            return i
+        if want_calls is None and content_text(m.get("content")).strip() == (text or "").strip():
+            return i
+    return places[0] if places else None
 
 
 # -- reads for the CLI (plain sqlite3; safe while the daemon writes, thanks to WAL) ---------------
