@@ -214,7 +214,9 @@ def _assert_never_selected_for_training(stack, turns):
 
 def test_reset_ends_the_session_in_the_daemon(stack):
     session = stack.turns("turn_type='main'")[-1]["session_id"]
-    stack.chat_send("/reset", key="reset-1")
+    # What the Control UI's reset does; the plugin's session_end / before_reset hooks tell the daemon.
+    stack.openclaw("gateway", "call", "sessions.reset", "--params",
+                   json.dumps({"key": "agent:main:main", "reason": "reset"}), "--json")
     ended = stack.wait_for("the session to be ended", lambda: stack.daemon.rows(
         "SELECT ended_at FROM sessions WHERE id=? AND ended_at IS NOT NULL", session))
     assert ended[0]["ended_at"] > 0
