@@ -14,13 +14,21 @@ export default definePluginEntry({
     const runs = new RunRegistry();
     const daemon = new DaemonClient(config.daemonUrl, config.timeoutMs, config.apiKey);
     const log = api.logger;
+    let warned = false;
+    const untold = () => {
+      if (warned) return;
+      warned = true;
+      log?.warn?.("clawrl: a model call came from a run whose trigger OpenClaw did not report, so it is "
+        + "tagged main; heartbeats and cron runs cannot be told apart. Set "
+        + "plugins.entries.clawrl.hooks.allowConversationAccess to true (clawrl openclaw-config does).");
+    };
 
     for (const id of config.providers) {
       api.registerProvider({
         id,
         label: `clawrl (${id})`,
         auth: [],
-        wrapStreamFn: (ctx: any) => (ctx.streamFn ? tagStream(ctx.streamFn, config, runs) : undefined),
+        wrapStreamFn: (ctx: any) => (ctx.streamFn ? tagStream(ctx.streamFn, config, runs, untold) : undefined),
         // Also here: OpenClaw hands this hook the session id on every call, compactions included.
         resolveTransportTurnState: (ctx: any) =>
           ctx.sessionId ? { headers: { [config.headers.sessionId]: ctx.sessionId } } : undefined,

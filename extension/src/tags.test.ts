@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { resolveConfig } from "./config.ts";
-import { mergeHeaders, RunRegistry, tagHeaders, tagStream } from "./tags.ts";
+import { mergeHeaders, RunRegistry, tagHeaders, tagStream, untoldRun } from "./tags.ts";
 
 const config = resolveConfig({});
 
@@ -78,4 +78,16 @@ test("the registry forgets finished runs and stays bounded", () => {
   runs.forget("d");
   assert.equal(runs.get("d"), undefined);
   assert.equal(runs.size, 2);
+});
+
+test("a model call from a run the hook never reported is flagged; compactions and announcements are not", async () => {
+  const runs = new RunRegistry();
+  runs.remember("known", { trigger: "user" });
+  assert.equal(untoldRun(runs, "known:model:1"), false);
+  assert.equal(untoldRun(runs, "unknown:model:1"), true);
+  assert.equal(untoldRun(runs, "unknown:compaction:cmp-1:model:1"), false);
+  assert.equal(untoldRun(runs, "announce:v1:x"), false);
+  const flagged: string[] = [];
+  await tagStream(async () => {}, config, runs, (id) => flagged.push(id))({}, {}, { requestId: "unknown:model:2" });
+  assert.deepEqual(flagged, ["unknown:model:2"]);
 });

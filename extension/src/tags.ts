@@ -72,8 +72,19 @@ export function mergeHeaders(existing: Record<string, string> | undefined,
 
 type StreamFn = (model: unknown, context: unknown, options?: CallOptions & Record<string, unknown>) => unknown;
 
-/** Wrap OpenClaw's stream function so every call carries its tags. */
-export function tagStream(inner: StreamFn, config: ClawrlConfig, runs: RunRegistry): StreamFn {
-  return (model, context, options) =>
-    inner(model, context, { ...options, headers: mergeHeaders(options?.headers, tagHeaders(config, runs, options ?? {})) });
+/** True for an ordinary model call of a run that before_model_resolve never told us about:
+ * the sign that OpenClaw skips that hook (no hooks.allowConversationAccess for the plugin). */
+export function untoldRun(runs: RunRegistry, requestId: string | undefined): boolean {
+  const run = runIdOf(requestId);
+  return !!run && /:model:\d+$/.test(requestId!) && !requestId!.includes(":compaction:") && !runs.get(run);
+}
+
+/** Wrap OpenClaw's stream function so every call carries its tags; `onUntold` hears of calls
+ * from runs whose trigger is unknown (they are tagged main). */
+export function tagStream(inner: StreamFn, config: ClawrlConfig, runs: RunRegistry,
+                          onUntold?: (requestId: string) => void): StreamFn {
+  return (model, context, options) => {
+    if (onUntold && untoldRun(runs, options?.requestId)) onUntold(options!.requestId!);
+    return inner(model, context, { ...options, headers: mergeHeaders(options?.headers, tagHeaders(config, runs, options ?? {})) });
+  };
 }
