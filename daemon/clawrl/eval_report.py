@@ -1,0 +1,83 @@
+"""What `clawrl eval` writes: results.json (every point of every run), results.md (a table per
+persona: baseline and each checkpoint, mean ± spread over seeds, per method and the no-train
+control) and plot.png (held-out score against interactions, one line per method, the band the
+spread over seeds)."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def grouped(runs: list[dict]) -> dict:
+    """{persona: {method: {interactions: [score per seed]}}}"""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in runs:
+        for p in r["points"]:
+            out[r["persona"]][r["method"]][p["interactions"]].append(p["score"])
+    return out
+
+
+def _cell(scores: list[float]) -> str:
+    if not scores:
+        return "-"
+    mean = statistics.fmean(scores)
+    spread = (max(scores) - min(scores)) / 2 if len(scores) > 1 else 0.0
+    return f"{mean:.2f} ± {spread:.2f}"
+
+
+def markdown(runs: list[dict], command: str) -> str:
+    lines = ["# clawrl eval results", "", f"Reproduce: `{command}`", ""]
+    for persona, methods in grouped(runs).items():
+        cps = sorted({cp for m in methods.values() for cp in m})
+        lines += [f"## {persona}", "", "| method | " + " | ".join(f"after {c}" for c in cps)
+                  + " | seeds | wall (mean) |", "|---" * (len(cps) + 3) + "|"]
+        for method, points in methods.items():
+            walls = [r["wall_s"] for r in runs if r["persona"] == persona and r["method"] == method]
+            seeds = len(walls)
+            lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
+                         + f" | {seeds} | {statistics.fmean(walls) / 60:.1f} min |")
+        bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
+               for r in runs if r["persona"] == persona for p in r["points"]]
+        worst = max(bad, key=lambda b: b[3] + b[4], default=None)
+        if worst:
+            lines += ["", f"Most empty + degenerate answers: {worst[0]} seed {worst[1]} after "
+                          f"{worst[2]}: {worst[3]:.0%} empty, {worst[4]:.0%} degenerate."]
+        lines.append("")
+    lines.append("Cells: mean held-out score of the first response ± half the range over seeds.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], path: Path) -> bool:
+    """Write the PNG; False (and nothing written) when matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    data = grouped(runs)
+    fig, axes = plt.subplots(1, len(data), figsize=(5 * len(data), 4), squeeze=False)
+    for ax, (persona, methods) in zip(axes[0], data.items()):
+        for method, points in methods.items():
+            xs = sorted(points)
+            means = [statistics.fmean(points[x]) for x in xs]
+            ax.plot(xs, means, marker="o", label=method)
+            ax.fill_between(xs, [min(points[x]) for x in xs], [max(points[x]) for x in xs], alpha=0.2)
+        ax.set(title=persona, xlabel="interactions", ylabel="held-out score", ylim=(0, 1))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write(runs: list[dict], out: Path, command: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"command": command, "runs": runs}, indent=1))
+    (out / "results.md").write_text(markdown(runs, command))
+    written = [out / "results.json", out / "results.md"]
+    if plot(runs, out / "plot.png"):
+        written.append(out / "plot.png")
+    return written

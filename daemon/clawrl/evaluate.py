@@ -1,0 +1,211 @@
+"""`clawrl eval`: does the loop make the model better for a simulated user, and how fast?
+
+One *run* is one (persona, method, seed) — or a no-train control — against its own `clawrl serve`
+child: a fresh CLAWRL_HOME (the converted models are shared), the recipe's engine and model, the
+method and judge under test, training on or off. The run alternates two things:
+
+* interactions: a training prompt, the model's answer, then the simulated user's next message (a
+  correction when the persona's verifier is unhappy, thanks when it is happy), sent in the same
+  session so the daemon reads it as the answer's next state; then the session is ended. The real
+  judge, trainer and hot-swap do the rest.
+* checkpoints (after 0, 12, 24, 36 interactions by default): wait until everything sent so far is
+  judged, trained and live, then score the *first response* to every held-out prompt with the
+  adapter live at that moment. Held-out requests carry X-Clawrl-No-Train, so they never train.
+
+What is measured per checkpoint: the mean verifier score, the share of empty answers and of
+degenerate ones (a repeated 4-gram makes up half the words), the live adapter, and the wall time.
+The results, tables and plot are written by `eval_report.py`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from .errors import ClawrlError
+from .personas import Persona
+
+READY_SQL = ("SELECT count(*) FROM turns WHERE trainable=1 AND status='complete' AND train_status IS NULL"
+             " AND (judge_status='done' OR feedback_reward IS NOT NULL)")
+WAITING_SQL = ("SELECT count(*) FROM turns WHERE trainable=1 AND next_state_at IS NOT NULL"
+               " AND status='complete' AND judge_status IS NULL")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Child:
+    """A `clawrl serve` of our own, in `home`, with `env` overrides on top of the recipe."""
+
+    def __init__(self, home: Path, models: Path, env: dict[str, str], recipe: str | None):
+        home.mkdir(parents=True, exist_ok=True)
+        if not (home / "models").exists():
+            models.mkdir(parents=True, exist_ok=True)
+            (home / "models").symlink_to(models.resolve(), target_is_directory=True)
+        self.home, self.port = home, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
+                    "CLAWRL_SERVER_HOST": "127.0.0.1", "CLAWRL_SERVER_API_KEY": "",
+                    "OMP_WAIT_POLICY": "PASSIVE", **env}
+        if recipe:
+            self.env["CLAWRL_RECIPE"] = recipe
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 600) -> "Child":
+        log = open(self.home / "daemon.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "clawrl", "serve"], env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise ClawrlError(f"the eval daemon exited; see {self.home / 'daemon.log'}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ClawrlError(f"the eval daemon was not ready after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def count(self, sql: str) -> int:
+        db = sqlite3.connect(self.home / "clawrl.db", timeout=30)
+        try:
+            return db.execute(sql).fetchone()[0]
+        finally:
+            db.close()
+
+    def settle(self, timeout: float) -> int:
+        """Wait until every next state is judged, every judged turn trained, and the newest
+        adapter live (or rejected). Returns the live adapter version."""
+        deadline = time.time() + timeout
+        while True:
+            adapters = httpx.get(f"{self.url}/v1/adapters", timeout=10).json()
+            good = [v["version"] for v in adapters["versions"] if not v["rejected"]]
+            newest = max(good, default=0)
+            if (self.count(WAITING_SQL) == 0 and self.count(READY_SQL) == 0
+                    and (adapters["active"] or 0) == newest):
+                return adapters["active"] or 0
+            if time.time() > deadline:
+                raise ClawrlError(f"the loop did not settle within {timeout:.0f} s (waiting judge: "
+                                  f"{self.count(WAITING_SQL)}, untrained: {self.count(READY_SQL)}, "
+                                  f"live {adapters['active']}, newest {newest})")
+            time.sleep(0.5)
+
+
+def chat(client: httpx.Client, url: str, messages: list[dict], session: str, max_tokens: int,
+         seed: int, train: bool) -> str:
+    headers = {"X-Session-Id": session}
+    if not train:
+        headers["X-Clawrl-No-Train"] = "1"
+    r = client.post(f"{url}/v1/chat/completions", headers=headers, timeout=600, json={
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0.7, "seed": seed})
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"].get("content") or ""
+
+
+def degenerate(text: str) -> bool:
+    """A repeated 4-gram covers at least half of the words."""
+    words = re.findall(r"\w+", text.lower())
+    if len(words) < 12:
+        return False
+    grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
+    top = max(grams.count(g) for g in set(grams))
+    return top * 4 >= len(words) / 2
+
+
+def opening(persona: Persona, prompt: str) -> list[dict]:
+    return ([{"role": "system", "content": persona.system}] if persona.system else []) + \
+        [{"role": "user", "content": prompt}]
+
+
+def heldout(child: Child, persona: Persona, n: int, seed: int, workers: int = 4) -> dict:
+    """Score the first response to the first `n` held-out prompts, a few at a time."""
+    prompts = persona.heldout_prompts[:n]
+
+    def one(i_prompt):
+        i, prompt = i_prompt
+        with httpx.Client() as c:
+            text = chat(c, child.url, opening(persona, prompt), f"eval-{uuid.uuid4().hex[:12]}",
+                        persona.max_tokens, seed * 100_003 + i, train=False)
+        return persona.score(prompt, text), text
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = list(pool.map(one, enumerate(prompts)))
+    scores = [s for s, _ in done]
+    return {"score": sum(scores) / len(scores), "scores": scores,
+            "empty": sum(not t.strip() for _, t in done) / len(done),
+            "degenerate": sum(degenerate(t) for _, t in done) / len(done),
+            "samples": [t for _, t in done[:3]]}
+
+
+def interact(client: httpx.Client, child: Child, persona: Persona, prompt: str,
+             rng: random.Random, seed: int) -> float:
+    """One interaction: answer, the simulated user's reply as the next state, session end."""
+    session = f"sim-{uuid.uuid4().hex[:12]}"
+    messages = opening(persona, prompt)
+    answer = chat(client, child.url, messages, session, persona.max_tokens, seed, train=True)
+    score = persona.score(prompt, answer)
+    follow = persona.reply(prompt, answer, score, rng)
+    # The reply is the next state; what the model says to it is not needed, so ask for one token.
+    chat(client, child.url, messages + [{"role": "assistant", "content": answer},
+                                        {"role": "user", "content": follow}],
+         session, 1, seed + 1, train=True)
+    client.post(f"{child.url}/v1/sessions/{session}/end", timeout=30)
+    return score
+
+
+def run(persona: Persona, *, method: str | None, judge: str, seed: int, interactions: int,
+        checkpoints: list[int], n_heldout: int, home: Path, models: Path, recipe: str | None,
+        settle_timeout: float, progress=print) -> dict:
+    """One run; method None is the no-train control."""
+    env = {"CLAWRL_JUDGE_BACKEND": judge, "CLAWRL_TRAIN_ENABLED": "false" if method is None else "true"}
+    if method:
+        env["CLAWRL_METHOD_NAME"] = method
+    label = method or "no-train"
+    child = Child(home, models, env, recipe).start()
+    rng = random.Random(seed)
+    order = persona.train_prompts[:]
+    rng.shuffle(order)
+    t0, points, train_scores, done = time.time(), [], [], 0
+    try:
+        with httpx.Client() as client:
+            for cp in sorted(set(checkpoints)):
+                while done < min(cp, interactions):
+                    train_scores.append(interact(client, child, persona, order[done % len(order)], rng,
+                                                 seed * 1_000_003 + done))
+                    done += 1
+                    progress(f"{persona.name}/{label}/seed {seed}: interaction {done}/{interactions} "
+                             f"scored {train_scores[-1]:.2f}")
+                version = child.settle(settle_timeout) if method else 0
+                h = heldout(child, persona, n_heldout, seed)
+                points.append({"interactions": done, "adapter": version, "wall_s": time.time() - t0,
+                               **{k: h[k] for k in ("score", "empty", "degenerate", "samples")}})
+                progress(f"{persona.name}/{label}/seed {seed}: after {done} interactions held-out "
+                         f"score {h['score']:.3f} (adapter {version}, {time.time() - t0:.0f} s)")
+    finally:
+        child.stop()
+    return {"persona": persona.name, "method": label, "judge": judge, "seed": seed,
+            "points": points, "train_scores": train_scores, "wall_s": time.time() - t0}
