@@ -44,22 +44,9 @@ def cmd_serve(args) -> int:
 
 
 def cmd_status(args) -> int:
-    import httpx
-    cfg = _config(args)
-    url = _base_url(cfg)
-    try:
-        r = httpx.get(f"{url}/readyz", headers=_headers(cfg), timeout=5)
-        info = r.json()
-        print(f"daemon     {url}  {info.get('status')}")
-        for key in ("model", "adapter_version", "context_length", "queue", "trainer", "turns",
-                    "in_flight_or_incomplete", "with_next_state", "awaiting_judge", "judged",
-                    "error"):
-            if info.get(key) is not None:
-                print(f"{key:<24} {info[key]}")
-    except httpx.HTTPError:
-        print(f"daemon     {url}  not running (start it with `clawrl serve`)")
-    print(f"home       {cfg.home}")
-    print(f"turn log   {cfg.db_path}{'' if cfg.db_path.exists() else '  (not created yet)'}")
+    from . import status
+    info = status.gather(_config(args))
+    print(status.as_json(info) if args.json else status.render(info))
     return 0
 
 
@@ -196,22 +183,90 @@ def cmd_adapters(args) -> int:
 
 
 def cmd_openclaw_config(args) -> int:
+    from .openclaw_config import main
+    cfg = _config(args)
+    return main(args, cfg, (args.base_url or _base_url(cfg)).rstrip("/"))
+
+
+def cmd_eval(args) -> int:
+    from .evaluate import main
+    return main(args, _config(args))
+
+
+def cmd_install_service(args) -> int:
+    from .service import cmd_install_service as run
+    return run(args)
+
+
+def cmd_export(args) -> int:
     from pathlib import Path
 
-    from . import openclaw_config as oc
+    from . import export
     cfg = _config(args)
-    ours = oc.snippet(cfg, (args.base_url or _base_url(cfg)).rstrip("/"), provider=args.provider,
-                      user_id=args.user_id, opt_out=args.opt_out)
-    if not args.write:
-        print(json.dumps(ours, indent=2))
-        print("\n# Merge this into ~/.openclaw/openclaw.json (or run with --write), then restart "
-              "the gateway: openclaw gateway restart", file=sys.stderr)
-        return 0
-    path = Path(args.file).expanduser() if args.file else oc.default_path()
-    backup = oc.write(path, ours, args.provider)
-    print(f"wrote {path}" + (f" (backup: {backup})" if backup else ""))
-    print("restart the gateway to pick it up: openclaw gateway restart")
+    filters = export.Filters(
+        session=args.session, user=args.user, judged_only=args.judged_only,
+        since=export.parse_when(args.since) if args.since else None,
+        until=export.parse_when(args.until, end=True) if args.until else None)
+    if args.out:
+        n = export.export_to_file(_need_db(cfg), filters, Path(args.out))
+        print(f"exported {n} turns to {args.out}", file=sys.stderr)
+    else:
+        try:
+            n = export.export(_need_db(cfg), filters, sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:   # `clawrl export | head`: the reader has all it wants
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print(f"exported {n} turns", file=sys.stderr)
     return 0
+
+
+def _confirm(question: str) -> bool:
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def cmd_forget(args) -> int:
+    from . import forget
+    cfg = _config(args)
+    db = _need_db(cfg)
+    if args.older_than is not None:
+        if args.older_than <= 0:
+            raise ClawrlError("--older-than takes a positive number of days")
+        what = f"turns older than {args.older_than:g} days that the judge and trainer are done with"
+        if not args.yes and sys.stdin.isatty() and not _confirm(f"delete {what}?"):
+            print("nothing deleted")
+            return 1
+        gone = forget.prune(db, args.older_than)
+    else:
+        who = f"session {args.session}" if args.session else f"user {args.user}"
+        plan = forget.preview(db, session=args.session, user=args.user)
+        if not plan.turns and not plan.sessions and not plan.feedback_cleared:
+            print(f"nothing recorded for {who}")
+            return 0
+        if not args.yes and sys.stdin.isatty() and not _confirm(
+                f"delete {forget.count(plan.turns, 'turn')} in "
+                f"{forget.count(len(plan.per_session), 'session')} of {who}?"):
+            print("nothing deleted")
+            return 1
+        gone = forget.forget(db, session=args.session, user=args.user)
+    print(forget.describe(gone))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from pathlib import Path
+
+    from . import doctor
+    checks = doctor.run(args.recipe, args.base_url,
+                        Path(args.openclaw_config) if args.openclaw_config else None)
+    for c in checks:
+        print(c.line())
+    bad = sum(not c.ok for c in checks)
+    print(f"\n{bad} problem{'s' if bad != 1 else ''} found" if bad else "\nall good")
+    return 1 if bad else 0
 
 
 def cmd_recipe_keys(args) -> int:
@@ -243,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("serve", cmd_serve, "run the daemon in the foreground")
     sp.add_argument("--host", help="bind address (default from the recipe: 127.0.0.1)")
     sp.add_argument("--port", type=int, help="bind port (default from the recipe: 30000)")
-    add("status", cmd_status, "show whether the daemon runs and what it serves")
+    sp = add("status", cmd_status, "show whether the daemon runs, what it serves and where the "
+                                   "learning loop stands (read from the turn log when it is down)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
     sp = add("sessions", cmd_sessions, "list recorded sessions, newest first")
     sp.add_argument("--limit", type=int, default=50, help="how many (default 50)")
     sp.add_argument("--json", action="store_true", help="print JSON")
@@ -272,6 +329,54 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(default: from the recipe's server.host and port)")
     sp.add_argument("--user-id", help="whose feedback this is (default: the message sender)")
     sp.add_argument("--opt-out", action="store_true", help="serve and log, but never train")
+    sp = add("eval", cmd_eval, "simulate users (personas) against fresh daemons and measure how the "
+                               "held-out score moves with interactions, per learning method")
+    sp.add_argument("--persona", action="append", required=True,
+                    help="built-in persona (student, teacher, concise) or a persona .py file; repeatable")
+    sp.add_argument("--methods", default="rl,opd,combine", help="comma list (default rl,opd,combine)")
+    sp.add_argument("--no-control", dest="control", action="store_false",
+                    help="skip the no-train control run")
+    sp.add_argument("--judge", default="rules", choices=("rules", "engine", "openai"),
+                    help="judge backend of the daemons (default rules)")
+    sp.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
+    sp.add_argument("--interactions", type=int, default=36, help="interactions per run (default 36)")
+    sp.add_argument("--checkpoints", default="0,12,24,36",
+                    help="held-out measurements after these many interactions (default 0,12,24,36)")
+    sp.add_argument("--heldout", type=int, default=40, help="held-out prompts per checkpoint (default 40)")
+    sp.add_argument("--settle-timeout", type=float, default=600,
+                    help="seconds to wait at a checkpoint for judge, trainer and swap (default 600)")
+    sp.add_argument("--out", default="bench/out/eval", help="where results go (default bench/out/eval)")
+    sp.add_argument("--work", help="where the runs' daemon homes go (default: a temp folder)")
+    sp = add("export", cmd_export, "write recorded turns as JSON Lines for other trainers: request, "
+                                   "response tokens and logprobs, next state, judge, feedback")
+    sp.add_argument("--format", default="jsonl", choices=("jsonl",), help="output format (jsonl)")
+    sp.add_argument("--out", help="write to this file (default: stdout)")
+    sp.add_argument("--session", help="only this session")
+    sp.add_argument("--user", help="only this user's turns and sessions")
+    sp.add_argument("--since", help="only turns created at or after this date (YYYY-MM-DD[THH:MM], local)")
+    sp.add_argument("--until", help="only turns created before this date; a bare date includes that day")
+    sp.add_argument("--judged-only", action="store_true",
+                    help="only turns with a reward: a judge score or explicit feedback")
+    sp = add("forget", cmd_forget, "delete a session's or a user's turns, or old settled ones "
+                                   "(adapters are kept); works while the daemon runs")
+    which = sp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--session", help="delete this session's turns and session row")
+    which.add_argument("--user", help="delete this user's turns, sessions and feedback")
+    which.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="delete turns older than DAYS that the judge and trainer are done with")
+    sp.add_argument("--yes", action="store_true", help="do not ask (it never asks without a terminal)")
+    sp = add("doctor", cmd_doctor, "check the model, port, data directory, turn log, OpenClaw config "
+                                   "and plugin; say how to fix each problem (exit 1 if any)")
+    sp.add_argument("--base-url", help="the daemon's URL as OpenClaw reaches it "
+                                       "(default: from the recipe's server.host and port)")
+    sp.add_argument("--openclaw-config", help="OpenClaw config file (default: $OPENCLAW_CONFIG_PATH, "
+                                              "else ~/.openclaw/openclaw.json)")
+    sp = add("install-service", cmd_install_service,
+             "write the systemd unit for this installation (then: systemctl enable --now clawrl)",
+             recipe=False)
+    sp.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) "
+                                                        "instead of a system one")
+    sp.add_argument("--dry-run", action="store_true", help="print the unit, write nothing")
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p

@@ -126,6 +126,9 @@ class TrainConfig:
 @dataclass
 class StoreConfig:
     path: str = _f("", "SQLite file; empty = $CLAWRL_HOME/clawrl.db")
+    retention_days: float = _f(0.0, "delete turns older than this many days once the judge and the "
+                               "trainer are done with them (checked hourly); 0 = keep forever",
+                               minimum=0.0)
 
 
 @dataclass

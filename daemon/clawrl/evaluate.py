@@ -209,3 +209,31 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
         child.stop()
     return {"persona": persona.name, "method": label, "judge": judge, "seed": seed,
             "points": points, "train_scores": train_scores, "wall_s": time.time() - t0}
+
+
+def main(args, cfg) -> int:
+    """`clawrl eval`: every (persona, method, seed) run in turn, then the report."""
+    import shlex
+    import tempfile
+
+    from . import eval_report, personas
+    methods = [m for m in args.methods.split(",") if m]
+    checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.interactions})
+    work = Path(args.work or tempfile.mkdtemp(prefix="clawrl-eval-"))
+    loaded = [personas.load(name) for name in args.persona]   # fail on a bad file before any run
+    plan = [(p, m, s) for p in loaded for s in range(args.seeds)
+            for m in ([None] if args.control else []) + methods]
+    runs = []
+    for i, (persona, method, seed) in enumerate(plan, 1):
+        label = method or "no-train"
+        print(f"[{i}/{len(plan)}] {persona.name} {label} seed {seed}", file=sys.stderr)
+        runs.append(run(persona, method=method, judge=args.judge, seed=seed,
+                        interactions=args.interactions, checkpoints=checkpoints,
+                        n_heldout=args.heldout, home=work / f"{persona.name}-{label}-{seed}",
+                        models=cfg.models_dir, recipe=args.recipe,
+                        settle_timeout=args.settle_timeout,
+                        progress=lambda msg: print(f"  {msg}", file=sys.stderr)))
+    command = "clawrl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    for path in eval_report.write(runs, Path(args.out), command):
+        print(f"wrote {path}")
+    return 0

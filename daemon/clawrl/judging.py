@@ -17,6 +17,7 @@ from .chat_format import content_text
 from .background import BackgroundLoop
 from .config import Config
 from .judge import JudgeInput, make_judge, openai_complete
+from .metrics import Metrics
 from .store import Store
 from .types import GenParams
 
@@ -63,8 +64,9 @@ def engine_complete(engine, temperature: float, max_tokens: int):
 class Judging(BackgroundLoop):
     name = "clawrl-judging"
 
-    def __init__(self, cfg: Config, store: Store, engine):
+    def __init__(self, cfg: Config, store: Store, engine, metrics: Metrics | None = None):
         self.cfg, self.store = cfg, store
+        self.metrics = metrics or Metrics()
         j = cfg.judge
         complete = None
         if j.backend == "openai":
@@ -105,8 +107,10 @@ class Judging(BackgroundLoop):
             log.warning("judging turn %s failed (try %d): %r%s", row["id"], attempts, e,
                         "; giving up" if give_up else f"; retrying in {delay:.0f} s")
             await self.store.judge_failed(row["id"], repr(e), delay)
+            self.metrics.judge_failures.inc()
             return
         await self.store.save_judgment(row["id"], result.score, result.votes, result.raw, result.hint)
+        self.metrics.judged(result.score)
         log.info("turn %s judged %+d%s", row["id"], result.score, " with a hint" if result.hint else "")
 
     async def _end_idle_sessions(self) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,3 +141,18 @@ def write(path: Path, ours: dict, provider: str) -> Path | None:
         return backup
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def main(args, cfg, base_url: str) -> int:
+    """`clawrl openclaw-config [--write]`."""
+    ours = snippet(cfg, base_url, provider=args.provider, user_id=args.user_id, opt_out=args.opt_out)
+    if not args.write:
+        print(json.dumps(ours, indent=2))
+        print("\n# Merge this into ~/.openclaw/openclaw.json (or run with --write), then restart "
+              "the gateway: openclaw gateway restart", file=sys.stderr)
+        return 0
+    path = Path(args.file).expanduser() if args.file else default_path()
+    backup = write(path, ours, args.provider)
+    print(f"wrote {path}" + (f" (backup: {backup})" if backup else ""))
+    print("restart the gateway to pick it up: openclaw gateway restart")
+    return 0

@@ -23,12 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import control
+from . import control, dashboard
 from .chat_request import ChatRequest, attribute, parse_chat
 from .config import Config
 from .engines.base import Engine, Generation
 from .errors import RequestError
 from .httpjson import read_json
+from .metrics import Metrics, MetricsMiddleware, scrape
 from .store import Store
 from .toolcalls import OutputParser
 from .types import Attribution, Finish, GenParams
@@ -48,6 +49,7 @@ class DaemonState:
     ready: bool = False
     load_error: str | None = None
     started: float = field(default_factory=time.time)
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 def error_response(err: RequestError) -> JSONResponse:
@@ -117,17 +119,22 @@ class _Turn:
 
     async def record(self, status: str, error: str | None = None) -> None:
         """Complete the turn row, once. Shielded: a client that disconnects cannot cut it short."""
-        if self.turn_id is None or self.state.store is None or self.recorded:
+        if self.recorded:
             return
         self.recorded = True
         now = time.perf_counter()
+        ttft = self.first_token - self.arrived if self.first_token else None
+        self.state.metrics.turn_done(self.att, status, len(self.gen.prompt_ids), len(self.token_ids),
+                                     ttft, now - self.arrived)
+        if self.turn_id is None or self.state.store is None:
+            return
         with anyio.CancelScope(shield=True):
             try:
                 await self.state.store.finish_turn(
                     self.turn_id, status=status, text=self.parser.content or self.parser.text,
                     token_ids=self.token_ids, logprobs=self.logprobs, tool_calls=self.tool_calls,
                     finish=self.finish, error=error,
-                    ttft_ms=(self.first_token - self.arrived) * 1000 if self.first_token else None,
+                    ttft_ms=ttft * 1000 if ttft is not None else None,
                     total_ms=(now - self.arrived) * 1000)
                 if self.att.session_done:
                     await self.state.store.end_session(self.att.session_id)
@@ -302,7 +309,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 class ApiKeyMiddleware:
     """With an API key configured, every route but the probes needs `Authorization: Bearer KEY`."""
-    OPEN = ("/healthz", "/readyz")
+    # The dashboard page holds no data; its API calls carry the key like any client.
+    OPEN = ("/healthz", "/readyz", "/dashboard")
 
     def __init__(self, app, api_key: str):
         self.app, self.api_key = app, api_key
@@ -325,12 +333,18 @@ def build_app(state: DaemonState, lifespan=None) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             *control.routes(),
+            *dashboard.routes(),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", scrape, methods=["GET"]),
         ],
-        middleware=[Middleware(ApiKeyMiddleware, api_key=state.cfg.server.api_key)],
+        # Outermost first: responses refused for a missing API key are counted too.
+        middleware=[Middleware(MetricsMiddleware, metrics=state.metrics),
+                    Middleware(ApiKeyMiddleware, api_key=state.cfg.server.api_key)],
         exception_handlers={RequestError: _request_error, HTTPException: _http_error,
                             Exception: _server_error},
         lifespan=lifespan)
     app.state.daemon = state
+    state.metrics.watch(state)
     return app
+

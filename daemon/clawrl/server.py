@@ -4,20 +4,24 @@ The port is bound first so `/healthz` answers at once; `/readyz` turns 200 once 
 loaded (a first start converts the model, which takes a while). Then the background parts start:
 the judging loop, the hot-swap watcher and the trainer child process. SIGTERM/SIGINT are handled
 by uvicorn: it stops accepting, lets in-flight responses finish (bounded), then the lifespan stops
-the trainer, the watcher and the judge, and closes the engine and the store.
+the trainer, the watcher and the judge, and closes the engine and the store. Under systemd
+(`Type=notify`), sdnotify.Notifier reports each step; a SIGTERM stop exits 0.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 
 import uvicorn
 
 from .config import Config
 from .engines import make_engine
+from .forget import Retention
 from .judging import Judging
+from .sdnotify import Notifier
 from .supervisor import TrainerSupervisor
 from .swap import Swapper
 from .proxy import DaemonState, build_app
@@ -51,19 +55,23 @@ async def _after_load(state: DaemonState) -> None:
         state.trainer.start()
 
 
-def make_lifespan(state: DaemonState):
+def make_lifespan(state: DaemonState, notifier: Notifier):
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        notifier.start()    # first and last: watchdog pings cover the model load and the shutdown
         state.store = await Store.open(state.cfg.db_path)
         loader = asyncio.get_running_loop().run_in_executor(None, _load, state)
-        state.judging = Judging(state.cfg, state.store, state.engine)
-        state.swapper = Swapper(state.cfg, state.engine, state.store)
+        state.judging = Judging(state.cfg, state.store, state.engine, metrics=state.metrics)
+        state.swapper = Swapper(state.cfg, state.engine, state.store, metrics=state.metrics)
         state.trainer = TrainerSupervisor(state.cfg)
+        retention = Retention(state.cfg.db_path, state.cfg.store.retention_days)
+        retention.start()   # nothing to do when store.retention_days is 0
         started = asyncio.create_task(_after_load(state))
         try:
             yield
         finally:
             started.cancel()
+            await retention.stop()
             await state.trainer.stop()
             await state.swapper.stop()
             await state.judging.stop()
@@ -71,6 +79,7 @@ def make_lifespan(state: DaemonState):
                 await loader
             state.engine.close()
             await state.store.close()
+            await notifier.stop()
     return lifespan
 
 
@@ -78,7 +87,21 @@ def serve(cfg: Config) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = DaemonState(cfg=cfg, engine=make_engine(cfg))
-    app = build_app(state, lifespan=make_lifespan(state))
+    notifier = Notifier(state)
+    app = build_app(state, lifespan=make_lifespan(state, notifier))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=cfg.server.host, port=cfg.server.port, log_level="warning",
+        timeout_graceful_shutdown=DRAIN_SECONDS, access_log=False))
+    notifier.server = server
     log.info("turn log: %s", cfg.db_path)
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level="warning",
-                timeout_graceful_shutdown=DRAIN_SECONDS, access_log=False)
+    # Once it has drained and shut down, uvicorn re-raises the signal that stopped it to whatever
+    # handler was there before. By then everything is closed, so a SIGTERM ends in exit 0 (a clean
+    # stop for systemd and other supervisors) instead of death by the signal. A SIGINT comes back
+    # as KeyboardInterrupt, which uvicorn.run() swallows too.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:      # the port could not be bound, or the lifespan failed
+        sys.exit(3)

@@ -32,6 +32,21 @@ def connect_sync(path: Path) -> sqlite3.Connection:
     return db
 
 
+# Where a turn stands in the learning loop, as SQL over `turns`. The status summary and the
+# retention prune read these; samples.READY is the trainer's own copy of AWAITING_TRAINER (a test
+# keeps the two equal: samples imports torch, which the CLI should not have to load).
+AWAITING_NEXT_STATE = ("trainable=1 AND status='complete' AND judge_status IS NULL"
+                       " AND next_state_at IS NULL")
+AWAITING_JUDGE = ("trainable=1 AND status='complete' AND judge_status IS NULL"
+                  " AND next_state_at IS NOT NULL")
+AWAITING_TRAINER = ("trainable=1 AND status='complete' AND train_status IS NULL"
+                    " AND (judge_status='done' OR feedback_reward IS NOT NULL)")
+# Settled: nothing will happen to it any more. A turn still waiting for its next state counts as
+# unsettled while its session is open (the next request, or the session's end, will settle it).
+UNSETTLED = (f"({AWAITING_JUDGE}) OR ({AWAITING_TRAINER}) OR (({AWAITING_NEXT_STATE})"
+             " AND session_id IN (SELECT id FROM sessions WHERE ended_at IS NULL))")
+
+
 def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
 
@@ -268,3 +283,23 @@ def read_turns(path: Path, session_id: str | None = None, limit: int = 50) -> li
         f"SELECT * FROM turns {where} ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
     db.close()
     return [dict(r) for r in reversed(rows)]
+
+
+def read_counts(path: Path) -> dict:
+    """How many turns there are and where they stand, for `clawrl status`."""
+    db = connect_sync(path)
+    try:
+        row = db.execute(
+            f"SELECT count(*) AS turns, coalesce(sum(status='started'), 0) AS in_flight,"
+            f" coalesce(sum({AWAITING_NEXT_STATE}), 0) AS awaiting_next_state,"
+            f" coalesce(sum({AWAITING_JUDGE}), 0) AS awaiting_judge,"
+            f" coalesce(sum({AWAITING_TRAINER}), 0) AS awaiting_trainer,"
+            f" coalesce(sum(judge_status='done'), 0) AS judged,"
+            f" coalesce(sum(feedback_reward IS NOT NULL), 0) AS with_feedback,"
+            f" coalesce(sum(train_status='trained'), 0) AS trained,"
+            f" min(created_at) AS first_at, max(created_at) AS last_at FROM turns").fetchone()
+        sessions = db.execute("SELECT count(*), coalesce(sum(ended_at IS NULL), 0) FROM sessions"
+                              ).fetchone()
+    finally:
+        db.close()
+    return {**dict(row), "sessions": sessions[0], "open_sessions": sessions[1]}

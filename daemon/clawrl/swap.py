@@ -20,6 +20,7 @@ import time
 from . import adapters
 from .background import BackgroundLoop
 from .config import Config
+from .metrics import Metrics
 from .store import Store
 from .types import GenParams
 
@@ -37,8 +38,9 @@ def repetition(ids: list[int], n: int = 4) -> float:
 class Swapper(BackgroundLoop):
     name = "clawrl-swap"
 
-    def __init__(self, cfg: Config, engine, store: Store):
+    def __init__(self, cfg: Config, engine, store: Store, metrics: Metrics | None = None):
         self.cfg, self.engine, self.store = cfg, engine, store
+        self.metrics = metrics or Metrics()
         self.root = cfg.adapters_dir
         self.seen = 0                       # versions up to this one have been considered
         self.events: list[dict] = []        # recent decisions, newest last (for status)
@@ -87,11 +89,13 @@ class Swapper(BackgroundLoop):
             return
         path = adapters.version_dir(self.root, version)
         problem = await asyncio.to_thread(adapters.weights_problem, path)
-        loss = adapters.read_meta(self.root, version).get("loss")
+        meta = adapters.read_meta(self.root, version)
+        loss = meta.get("loss")
         if problem is None and isinstance(loss, (int, float)) and not math.isfinite(loss):
             problem = f"training loss was {loss}"
         if problem:
             adapters.reject(self.root, version, problem)
+            self.metrics.rejections.labels("guard").inc()
             self._event(version, "rejected", problem)
             return
         # Serve it at once (the swap takes a load, ~0.3 s), then watch it answer: a collapsed
@@ -99,9 +103,11 @@ class Swapper(BackgroundLoop):
         previous = self.engine.adapter_version
         await self._load(version)
         await self._switch(version, "activated")
+        self.metrics.swapped_in(meta.get("created_at"))
         problem = await self._canary(version)
         if problem:
             adapters.reject(self.root, version, problem)
+            self.metrics.rejections.labels("canary").inc()
             await self._switch(previous, f"restored after rejecting {version:04d}")
             await asyncio.wrap_future(self.engine.unload_adapter(version))
             self._event(version, "rejected", problem)
@@ -111,6 +117,7 @@ class Swapper(BackgroundLoop):
         self.engine.activate(version)
         adapters.write_active(self.root, version)
         self.swapped_at[version] = time.time()
+        self.metrics.swaps.inc()
         self._event(version, event)
         # Keep the previous version loaded for requests still running on it; free older ones.
         for v in sorted(self.engine.loaded_adapters):

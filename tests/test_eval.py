@@ -1,0 +1,66 @@
+"""`clawrl eval` end to end on the real SmolLM2 default, kept small: a persona file written here
+(outside the package), two interactions, two held-out prompts, one training method and the no-train
+control. It checks the driver, not the learning: that interactions reach the judge and trainer, that
+a checkpoint waits for the new adapter to be live, that held-out requests never train, and that
+the results, table and plot are written."""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+from conftest import MODEL_CACHE
+
+PERSONA = '''
+NAME = "shouty"
+PREFERENCE = "answers that end with an exclamation mark"
+SYSTEM = None
+MAX_TOKENS = 12
+TRAIN_PROMPTS = ["Say hello.", "Name a colour."]
+HELDOUT_PROMPTS = [f"Name an animal, number {i}." for i in range(40)]
+
+
+def score(prompt, response):
+    return 1.0 if response.strip().endswith("!") else 0.0
+
+
+def reply(prompt, response, score, rng):
+    return "Thanks, great answer!" if score >= 0.5 else rng.choice(
+        ["No, that's wrong. End with an exclamation mark.", "No, that's wrong. Finish with '!'."])
+'''
+
+
+def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
+    persona = tmp_path / "shouty.py"
+    persona.write_text(PERSONA)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "CLAWRL_HOME": str(tmp_path / "home"), "CLAWRL_TRAIN_POLL_S": "0.2"}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
+    r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
+                        "--methods", "rl", "--seeds", "1", "--interactions", "2",
+                        "--checkpoints", "0,2", "--heldout", "2", "--out", str(out),
+                        "--work", str(work)], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "interaction 2/2" in r.stderr and "held-out score" in r.stderr  # progress is shown
+    results = json.loads((out / "results.json").read_text())
+    runs = {run["method"]: run for run in results["runs"]}
+    assert set(runs) == {"no-train", "rl"}
+    for run in runs.values():
+        assert [p["interactions"] for p in run["points"]] == [0, 2]
+        assert all(0.0 <= p["score"] <= 1.0 for p in run["points"])
+        assert len(run["train_scores"]) == 2
+    assert runs["no-train"]["points"][-1]["adapter"] == 0
+    # The rl run's checkpoint waited for its adapters: both interactions were trained (a turn the
+    # rules judge scores +1 or -1 always has a signal under rl) and the newest version was live.
+    db = sqlite3.connect(work / "shouty-rl-0" / "clawrl.db")
+    trained = db.execute("SELECT count(*) FROM turns WHERE train_status='trained'").fetchone()[0]
+    heldout_trainable = db.execute("SELECT count(*) FROM turns WHERE session_id LIKE 'eval-%'"
+                                   " AND trainable=1").fetchone()[0]
+    assert trained == 2 and heldout_trainable == 0
+    assert runs["rl"]["points"][-1]["adapter"] >= 1
+    table = (out / "results.md").read_text()
+    assert "## shouty" in table and "| rl |" in table and "| no-train |" in table
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
