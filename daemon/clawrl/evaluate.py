@@ -212,7 +212,7 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
 
 
 def main(args, cfg) -> int:
-    """`clawrl eval`: every (persona, method, seed) run in turn, then the report."""
+    """`clawrl eval`: every (persona, method, seed) run in turn; the report is rewritten after each."""
     import shlex
     import tempfile
 
@@ -223,7 +223,8 @@ def main(args, cfg) -> int:
     loaded = [personas.load(name) for name in args.persona]   # fail on a bad file before any run
     plan = [(p, m, s) for p in loaded for s in range(args.seeds)
             for m in ([None] if args.control else []) + methods]
-    runs = []
+    command = "clawrl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    runs, written = [], []
     for i, (persona, method, seed) in enumerate(plan, 1):
         label = method or "no-train"
         print(f"[{i}/{len(plan)}] {persona.name} {label} seed {seed}", file=sys.stderr)
@@ -233,7 +234,8 @@ def main(args, cfg) -> int:
                         models=cfg.models_dir, recipe=args.recipe,
                         settle_timeout=args.settle_timeout,
                         progress=lambda msg: print(f"  {msg}", file=sys.stderr)))
-    command = "clawrl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    for path in eval_report.write(runs, Path(args.out), command):
+        # After every run, so a long evaluation that is stopped keeps what it measured.
+        written = eval_report.write(runs, Path(args.out), command)
+    for path in written:
         print(f"wrote {path}")
     return 0
