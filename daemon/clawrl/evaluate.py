@@ -35,11 +35,11 @@ import httpx
 
 from .errors import ClawrlError
 from .personas import Persona
+from .store import AWAITING_JUDGE, AWAITING_TRAINER
 
-READY_SQL = ("SELECT count(*) FROM turns WHERE trainable=1 AND status='complete' AND train_status IS NULL"
-             " AND (judge_status='done' OR feedback_reward IS NOT NULL)")
-WAITING_SQL = ("SELECT count(*) FROM turns WHERE trainable=1 AND next_state_at IS NOT NULL"
-               " AND status='complete' AND judge_status IS NULL")
+# Where the loop still has work, in the store's own terms (the trainer's rule included).
+READY_SQL = f"SELECT count(*) FROM turns WHERE {AWAITING_TRAINER}"
+WAITING_SQL = f"SELECT count(*) FROM turns WHERE {AWAITING_JUDGE}"
 
 
 def free_port() -> int:
