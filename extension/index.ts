@@ -3,12 +3,13 @@ import { definePluginEntry } from "openclaw/plugin-sdk/plugin-entry";
 import { runCommand } from "./src/command.ts";
 import { resolveConfig } from "./src/config.ts";
 import { DaemonClient } from "./src/daemon.ts";
+import { DESCRIPTION, PARAMETERS, TOOL_NAME, runSkillTool } from "./src/skill-tool.ts";
 import { RunRegistry, tagStream } from "./src/tags.ts";
 
 export default definePluginEntry({
   id: "clawrl",
   name: "clawrl",
-  description: "Tags model calls to a clawrl daemon with session, turn kind and user; /clawrl feedback.",
+  description: "Tags model calls to a clawrl daemon with session, turn kind and user; /clawrl feedback; skills the agent writes.",
   register(api: any) {
     const config = resolveConfig(api.pluginConfig, api.config);
     const runs = new RunRegistry();
@@ -60,6 +61,16 @@ export default definePluginEntry({
       description: "Rate the last answer for clawrl (good/bad [comment]) or show its status.",
       acceptsArgs: true,
       handler: async (ctx: any) => ({ text: await runCommand(ctx, daemon, config.userId) }),
+    });
+
+    api.registerTool({
+      name: TOOL_NAME,
+      description: DESCRIPTION,
+      parameters: PARAMETERS,
+      async execute(_id: string, params: any) {
+        const text = await runSkillTool(params ?? {}, daemon);
+        return { content: [{ type: "text", text }], details: { text } };
+      },
     });
   },
 });

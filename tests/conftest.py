@@ -44,8 +44,10 @@ class Daemon:
         self.home, self.port = home, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Training is off unless a test turns it on: serving tests want a model that stays put.
+        # Skills publish into the home, never into the OpenClaw workspace of whoever runs the tests.
         self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
-                    "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false", **(env or {})}
+                    "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false",
+                    "CLAWRL_SKILLS_TARGET": str(home / "openclaw-skills"), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = home / f"daemon-{self.port}.log"
 

@@ -277,6 +277,11 @@ def cmd_recipe_keys(args) -> int:
 
 # -- parser --------------------------------------------------------------------------------------------
 
+def cmd_skills(args) -> int:
+    from . import skills_cli
+    return skills_cli.main(args, _config(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clawrl",
@@ -377,6 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) "
                                                         "instead of a system one")
     sp.add_argument("--dry-run", action="store_true", help="print the unit, write nothing")
+    sp = add("skills", cmd_skills, "write, check and list OpenClaw skills that clawrl publishes; "
+                                   "accept or reject skills proposed from repeated corrections")
+    from .skills_cli import add_arguments
+    add_arguments(sp)
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p

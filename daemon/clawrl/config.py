@@ -95,6 +95,20 @@ class SessionConfig:
 
 
 @dataclass
+class SkillsConfig:
+    enabled: bool = _f(True, "run skill_bridge: publish valid skills from skills.source into "
+                       "OpenClaw's workspace, which loads them on the next turn")
+    source: str = _f("", "the folder you (and the agent) write skills in; "
+                     "empty = $CLAWRL_HOME/skills")
+    target: str = _f("", "OpenClaw's workspace skills folder; empty = <workspace>/skills, the "
+                     "workspace read from OpenClaw's config (default ~/.openclaw/workspace)")
+    debounce_s: float = _f(0.3, "wait this long after the last write to a skill before checking "
+                           "and publishing it (editors write in bursts)", minimum=0.0)
+    propose_after: int = _f(3, "draft a proposed skill when the judge's hints for one user say the "
+                            "same thing in this many sessions; 0 = never", minimum=0)
+
+
+@dataclass
 class TrainConfig:
     enabled: bool = _f(True, "run the background trainer (a child process of the daemon)")
     batch_size: int = _f(1, "judged samples per training step", minimum=1)
@@ -140,6 +154,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    skills: SkillsConfig = field(default_factory=SkillsConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     opd: OpdConfig = field(default_factory=OpdConfig)
     home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())

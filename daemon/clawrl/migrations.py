@@ -113,3 +113,22 @@ def m002_judgments_and_feedback(db: sqlite3.Connection) -> None:
 def m003_teacher_topk(db: sqlite3.Connection) -> None:
     # {"ids": [[K ids] per response token], "logp": [[K logprobs] ...]} when opd.topk > 0
     db.execute("ALTER TABLE turns ADD COLUMN teacher_topk TEXT")
+
+
+@migration
+def m004_skills(db: sqlite3.Connection) -> None:
+    # One row each time skill_bridge sees a skill change state: a new content hash, published or
+    # refused (issues = the validator's errors), unpublished, or a name clash with a foreign skill.
+    db.execute("""
+        CREATE TABLE skill_versions (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            hash TEXT,                            -- sha256 of the source skill's files
+            status TEXT NOT NULL,                 -- published | error | unpublished | conflict
+            published_hash TEXT,                  -- what OpenClaw loads after this event
+            issues TEXT,                          -- JSON list of {file, line, field, message, fix}
+            at REAL NOT NULL
+        )""")
+    db.execute("CREATE INDEX skill_versions_name ON skill_versions(name, id)")
+    # The clawrl-published skills in force when the turn arrived: JSON {name: hash}.
+    db.execute("ALTER TABLE turns ADD COLUMN skills TEXT")

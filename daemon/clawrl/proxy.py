@@ -9,6 +9,7 @@ whether it ended normally, at a stop string, by a client disconnect or by an err
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import control, dashboard
+from . import control, dashboard, openapi, skills_api
 from .chat_request import ChatRequest, attribute, parse_chat
 from .config import Config
 from .engines.base import Engine, Generation
@@ -46,6 +47,7 @@ class DaemonState:
     judging: object | None = None      # judging.Judging, once started
     swapper: object | None = None      # swap.Swapper
     trainer: object | None = None      # supervisor.TrainerSupervisor
+    skills: object | None = None       # skills.SkillBridge, when skills.enabled
     ready: bool = False
     load_error: str | None = None
     started: float = field(default_factory=time.time)
@@ -236,6 +238,13 @@ async def chat_completions(request: Request) -> Response:
     if engine.queue_depth() >= state.cfg.engine.max_queue:
         raise RequestError("too many requests are waiting; retry shortly", status=503,
                            type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    if req.max_tokens is not None and req.max_tokens > engine.context_length:
+        # A budget that fits the prompt is cut to fit (OpenClaw asks for its configured maxTokens
+        # whatever the prompt); one no prompt could fit is the caller's mistake.
+        param = ("max_completion_tokens" if body.get("max_completion_tokens") is not None
+                 else "max_tokens")
+        raise RequestError(f"'{param}' is {req.max_tokens}, more than this model's context length "
+                           f"of {engine.context_length} tokens", param=param, code="invalid_value")
     prompt_ids = await asyncio.to_thread(engine.render, req.messages, req.tools)
     budget = engine.context_length - len(prompt_ids)
     params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
@@ -247,8 +256,9 @@ async def chat_completions(request: Request) -> Response:
                          "top_p": params.top_p, "stop": params.stop, "seed": params.seed}}
     try:
         # Written while the engine prefills, and before any byte reaches the client.
-        turn.turn_id = await state.store.begin_turn(att, record, prompt_ids, engine.model_id,
-                                                    engine.adapter_version)
+        turn.turn_id = await state.store.begin_turn(
+            att, record, prompt_ids, engine.model_id, engine.adapter_version,
+            skills=state.skills.in_force() if state.skills else None)
     except asyncio.CancelledError:   # the client left before we answered: stop the engine
         gen.cancel()
         raise
@@ -308,23 +318,42 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class ApiKeyMiddleware:
-    """With an API key configured, every route but the probes needs `Authorization: Bearer KEY`."""
-    # The dashboard page holds no data; its API calls carry the key like any client.
-    OPEN = ("/healthz", "/readyz", "/dashboard")
+    """With an API key configured, every route but `/healthz` needs `Authorization: Bearer KEY`.
+
+    Liveness alone stays open: it says nothing but "a process answers", which a supervisor needs
+    without a secret. `/readyz` names the model, adapter and queue, so it is keyed like the rest.
+    A browser that opens `/dashboard` without the key gets a login page instead of the JSON error
+    (dashboard.login_page; SECURITY.md says why the key never travels in the URL).
+    """
+    OPEN = ("/healthz",)
 
     def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key
+        self.app = app
+        self.expected = api_key.encode("utf-8") if api_key else b""
+
+    def allowed(self, scope) -> bool:
+        scheme, _, token = _header(scope, b"authorization").partition(b" ")
+        # The scheme is case-insensitive (RFC 9110); the key is compared in constant time so that
+        # response timing says nothing about how much of a guess was right.
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.api_key and scope["path"] not in self.OPEN:
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {self.api_key}":
+        if (scope["type"] == "http" and self.expected and scope["path"] not in self.OPEN
+                and not self.allowed(scope)):
+            if scope["path"] == "/dashboard" and b"text/html" in _header(scope, b"accept"):
+                resp = dashboard.login_page()
+            else:
                 resp = error_response(RequestError(
                     "missing or wrong API key: send 'Authorization: Bearer <server.api_key>'",
-                    status=401, type="authentication_error", code="invalid_api_key"))
-                await resp(scope, receive, send)
-                return
+                    status=401, type="authentication_error", code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"}))
+            await resp(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def _header(scope, name: bytes) -> bytes:
+    return next((v for k, v in scope["headers"] if k == name), b"")
 
 
 def build_app(state: DaemonState, lifespan=None) -> Starlette:
@@ -334,9 +363,11 @@ def build_app(state: DaemonState, lifespan=None) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             *control.routes(),
             *dashboard.routes(),
+            *skills_api.routes(),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", scrape, methods=["GET"]),
+            Route("/openapi.json", openapi.serve, methods=["GET"]),
         ],
         # Outermost first: responses refused for a missing API key are counted too.
         middleware=[Middleware(MetricsMiddleware, metrics=state.metrics),

@@ -22,6 +22,8 @@ from .engines import make_engine
 from .forget import Retention
 from .judging import Judging
 from .sdnotify import Notifier
+from .skill_proposals import Proposals
+from .skills import SkillBridge, proposals_folder
 from .supervisor import TrainerSupervisor
 from .swap import Swapper
 from .proxy import DaemonState, build_app
@@ -29,6 +31,7 @@ from .store import Store
 
 log = logging.getLogger("clawrl")
 DRAIN_SECONDS = 10
+PROPOSE_EVERY_S = 60.0
 
 
 def _load(state: DaemonState) -> None:
@@ -55,6 +58,31 @@ async def _after_load(state: DaemonState) -> None:
         state.trainer.start()
 
 
+def _start_skills(state: DaemonState) -> None:
+    if not state.cfg.skills.enabled:
+        return
+    try:
+        state.skills = SkillBridge(state.cfg)
+        state.skills.start()
+    except Exception as e:   # skills are an extra: serving goes on without them
+        state.skills = None
+        log.error("skill_bridge did not start (%s); fix it or set skills.enabled = false", e)
+
+
+async def _propose_skills(state: DaemonState) -> None:
+    """Draft skills from corrections that keep coming back (see skill_proposals)."""
+    proposals = Proposals(proposals_folder(state.cfg), state.skills.source)
+    while True:
+        await asyncio.sleep(PROPOSE_EVERY_S)
+        try:
+            for name in await asyncio.to_thread(proposals.propose, state.cfg.db_path,
+                                                state.cfg.skills.propose_after):
+                log.info("proposed skill %s: `clawrl skills list` shows it, "
+                         "`clawrl skills accept %s` publishes it", name, name)
+        except Exception as e:
+            log.error("skill proposals: %s", e)
+
+
 def make_lifespan(state: DaemonState, notifier: Notifier):
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -67,10 +95,17 @@ def make_lifespan(state: DaemonState, notifier: Notifier):
         retention = Retention(state.cfg.db_path, state.cfg.store.retention_days)
         retention.start()   # nothing to do when store.retention_days is 0
         started = asyncio.create_task(_after_load(state))
+        await asyncio.to_thread(_start_skills, state)
+        proposing = (asyncio.create_task(_propose_skills(state))
+                     if state.skills and state.cfg.skills.propose_after else None)
         try:
             yield
         finally:
             started.cancel()
+            if proposing:
+                proposing.cancel()
+            if state.skills:
+                await asyncio.to_thread(state.skills.stop)
             await retention.stop()
             await state.trainer.stop()
             await state.swapper.stop()

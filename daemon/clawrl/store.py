@@ -75,13 +75,14 @@ class Store:
         await self.db.close()
 
     async def begin_turn(self, att: Attribution, request: dict, prompt_ids: list[int], model: str,
-                         adapter_version: int) -> int:
-        """Record an arriving request; link it as the next state of the session's last main turn."""
+                         adapter_version: int, skills: dict[str, str] | None = None) -> int:
+        """Record an arriving request; link it as the next state of the session's last main turn.
+        `skills`: the clawrl-published skills in force (name -> content hash)."""
         async with self.lock:
-            return await self._begin_turn(att, request, prompt_ids, model, adapter_version)
+            return await self._begin_turn(att, request, prompt_ids, model, adapter_version, skills)
 
     async def _begin_turn(self, att: Attribution, request: dict, prompt_ids: list[int], model: str,
-                          adapter_version: int) -> int:
+                          adapter_version: int, skills: dict[str, str] | None) -> int:
         now = time.time()
         messages = request["messages"]
         trainable = att.turn_type == "main" and not att.no_train
@@ -100,10 +101,11 @@ class Store:
                 await self._link_next_state(att.session_id, messages, now)
             cur = await self.db.execute(
                 "INSERT INTO turns (session_id, user_id, turn_index, turn_type, kind, trainable, status,"
-                " model, adapter_version, request_json, n_messages, prompt_ids, created_at)"
-                " VALUES (?,?,?,?,?,?,'started',?,?,?,?,?,?)",
+                " model, adapter_version, request_json, n_messages, prompt_ids, created_at, skills)"
+                " VALUES (?,?,?,?,?,?,'started',?,?,?,?,?,?,?)",
                 (att.session_id, att.user_id, index, att.turn_type, att.kind, int(trainable), model,
-                 adapter_version, _dumps(request), len(messages), _dumps(prompt_ids), now))
+                 adapter_version, _dumps(request), len(messages), _dumps(prompt_ids), now,
+                 _dumps(skills) if skills is not None else None))
             turn_id = cur.lastrowid
             await self.db.execute("COMMIT")
         except BaseException:

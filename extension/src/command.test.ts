@@ -1,9 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { createServer } from "node:http";
-import type { AddressInfo } from "node:net";
 import { parseArgs, runCommand } from "./command.ts";
 import { DaemonClient } from "./daemon.ts";
+import { fakeDaemon } from "./fake-daemon.ts";
 
 test("parseArgs reads good, bad with a comment, status and help", () => {
   assert.deepEqual(parseArgs("good"), { action: "feedback", reward: 1, comment: undefined });
@@ -14,24 +13,6 @@ test("parseArgs reads good, bad with a comment, status and help", () => {
   assert.deepEqual(parseArgs(""), { action: "help" });
   assert.equal(parseArgs("meh").action, "help");
 });
-
-// A real HTTP server on a loopback port that answers like the daemon and records what it got.
-async function fakeDaemon(handler: (method: string, url: string, body: any) => [number, any]) {
-  const got: { method: string; url: string; body: any; headers: any }[] = [];
-  const server = createServer((req, res) => {
-    let raw = "";
-    req.on("data", (c) => (raw += c));
-    req.on("end", () => {
-      const body = raw ? JSON.parse(raw) : undefined;
-      got.push({ method: req.method!, url: req.url!, body, headers: req.headers });
-      const [status, out] = handler(req.method!, req.url!, body);
-      res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(out));
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  return { url, got, close: () => new Promise((r) => server.close(r)) };
-}
 
 test("/clawrl bad <comment> posts the session's feedback, with the user and the API key", async () => {
   const d = await fakeDaemon(() => [200, { session_id: "s-1", turn_id: 7, reward: -1 }]);

@@ -69,6 +69,26 @@ export class DaemonClient {
     return this.call("POST", "/v1/feedback", { session_id: sessionId, reward, comment, user_id: userId });
   }
 
+  skills(): Promise<any> {
+    return this.call("GET", "/v1/skills");
+  }
+
+  showSkill(name: string): Promise<any> {
+    return this.call("GET", `/v1/skills/${encodeURIComponent(name)}`);
+  }
+
+  createSkill(name: string, description: string, instructions: string): Promise<any> {
+    return this.call("POST", "/v1/skills", { name, description, instructions });
+  }
+
+  updateSkill(name: string, description: string, instructions: string): Promise<any> {
+    return this.call("PATCH", `/v1/skills/${encodeURIComponent(name)}`, { description, instructions });
+  }
+
+  deleteSkill(name: string): Promise<any> {
+    return this.call("DELETE", `/v1/skills/${encodeURIComponent(name)}`);
+  }
+
   async status(): Promise<{ ready: any; adapters: any }> {
     const [ready, adapters] = await Promise.all([this.call("GET", "/readyz"), this.call("GET", "/v1/adapters")]);
     return { ready, adapters };
