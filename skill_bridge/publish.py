@@ -90,6 +90,11 @@ class Publisher:
     def __init__(self, source: Path, target: Path):
         self.source = Path(source)
         self.target = Path(target)
+        src, dst = self.source.resolve(), self.target.resolve()
+        if src == dst or src.is_relative_to(dst) or dst.is_relative_to(src):
+            # Publishing into the watched folder would feed every copy back to the watcher.
+            raise ValueError(f"skills source {self.source} and OpenClaw skills folder "
+                             f"{self.target} overlap — fix: use two separate folders")
         self._lock = threading.RLock()
 
     # -- the manifest: clawrl's claim on target entries ----------------------------------------

@@ -151,11 +151,11 @@ def _check_fields(meta: dict, lines: dict[str, int], folder_name: str) -> list[t
         value, line = meta.get(key), lines.get(key)
         if key not in meta:
             out.append((None, key, "is missing", fix))
+        elif value is None or (isinstance(value, str) and not value.strip()):
+            out.append((line, key, "is empty", fix))
         elif not isinstance(value, str):
             out.append((line, key, f"must be a string, got {type(value).__name__}",
                         "write it as plain text on one line (quote it if needed)"))
-        elif not value.strip():
-            out.append((line, key, "is empty", fix))
     name, desc = meta.get("name"), meta.get("description")
     if isinstance(name, str) and name.strip():
         if not NAME_RE.fullmatch(name):

@@ -102,14 +102,14 @@ class SkillWatcher:
         self._report(result)
 
     def _report(self, result: SkillResult) -> None:
-        if result.status == "error":
+        if self.on_result is None:  # nobody else will tell the author what is wrong
             for issue in result.issues:
-                log.warning("skill_bridge: %s", issue)
-        if self.on_result is not None:
-            try:
-                self.on_result(result)
-            except Exception:
-                log.exception("skill_bridge: on_result callback failed for %r", result.name)
+                log.warning("skill_bridge: %s: %s", result.name, issue)
+            return
+        try:
+            self.on_result(result)
+        except Exception:
+            log.exception("skill_bridge: on_result callback failed for %r", result.name)
 
 
 class _Handler(FileSystemEventHandler):

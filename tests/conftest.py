@@ -59,11 +59,13 @@ class Daemon:
         self.proc = subprocess.Popen([*CLAWRL, "serve"], env=self.env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT)
         deadline = time.time() + timeout
+        key = self.env.get("CLAWRL_SERVER_API_KEY")   # /readyz needs it when one is set
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", headers=auth, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

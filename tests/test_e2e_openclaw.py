@@ -122,10 +122,12 @@ def stack(tmp_path_factory):
                                  MARKED, MARKER)
     # A 32k window: OpenClaw's own prompt is ~13.6k tokens (it estimates ~16.4k) and it keeps a 4k
     # reserve, so at 16k it would compact after every run and these tests could not choose when.
+    home = tmp_path_factory.mktemp("openclaw")
+    # skill_bridge publishes into this OpenClaw's workspace, as it would for the user.
     daemon = Daemon(make_home(tmp_path_factory.mktemp("clawrl")), env={
         "CLAWRL_MODEL_SOURCE": str(model), "CLAWRL_MODEL_NAME": "scripted",
-        "CLAWRL_MODEL_CONTEXT_LENGTH": "32768", "CLAWRL_ENGINE_DTYPE": "float32"}).start()
-    home = tmp_path_factory.mktemp("openclaw")
+        "CLAWRL_MODEL_CONTEXT_LENGTH": "32768", "CLAWRL_ENGINE_DTYPE": "float32",
+        "CLAWRL_SKILLS_TARGET": str(home / "workspace" / "skills")}).start()
     env = {**oc.env(home), "OPENCLAW_GATEWAY_TOKEN": TOKEN, "OPENCLAW_EXE": str(oc.openclaw)}
     port = free_port()
     configure(home, env, daemon, port)
@@ -220,3 +222,31 @@ def test_reset_ends_the_session_in_the_daemon(stack):
     ended = stack.wait_for("the session to be ended", lambda: stack.daemon.rows(
         "SELECT ended_at FROM sessions WHERE id=? AND ended_at IS NOT NULL", session))
     assert ended[0]["ended_at"] > 0
+
+
+# After the reset, so the turns below start a session of their own.
+def test_a_skill_written_into_the_source_reaches_the_next_model_request(stack):
+    """No restart: skill_bridge publishes it, OpenClaw's watcher loads it, the next request lists it."""
+    name, description = "wombat-facts", "Use when the user asks about wombats; give one wombat fact."
+    earlier = stack.turns("turn_type='main'")
+    assert all(name not in t["request_json"] for t in earlier)
+    folder = stack.daemon.home / "skills" / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(f"---\nname: {name}\ndescription: {description}\n---\n\n"
+                                     "Wombats have cube-shaped droppings. Say so.\n")
+    published = stack.home / "workspace" / "skills" / name / "SKILL.md"
+    stack.wait_for("the skill published into the workspace", published.exists, timeout=30)
+
+    before = stack.turns()[-1]["id"]
+    stack.agent("Please read notes.txt again.")
+    turn = stack.turns("id>? AND turn_type='main'", before)[0]
+    prompt = json.loads(turn["request_json"])["messages"][0]["content"]
+    prompt = prompt if isinstance(prompt, str) else " ".join(p.get("text", "") for p in prompt)
+    block = prompt[prompt.index("<available_skills>"):prompt.index("</available_skills>")]
+    assert name in block and "wombat fact" in block
+    assert name in json.loads(turn["skills"])          # the turn records the skill in force
+
+
+def test_the_plugin_registers_the_skill_tool(stack):
+    r = stack.openclaw("plugins", "inspect", "clawrl", "--runtime", "--json")
+    assert "clawrl_skill" in r.stdout

@@ -40,6 +40,8 @@ def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool =
     v = body.get(key)
     if v is None:
         return default
+    if integer and isinstance(v, float) and v.is_integer():
+        v = int(v)   # 256.0 is an integer to JSON (and to JSON Schema); 256.5 is not
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if isinstance(v, bool) or not ok:
         kind = "an integer" if integer else "a number"
@@ -47,6 +49,13 @@ def _number(body: dict, key: str, default, lo: float, hi: float, integer: bool =
     if not lo <= v <= hi:
         raise _bad(f"'{key}' must be between {lo} and {hi}, got {v}", key, "invalid_value")
     return v
+
+
+def _boolean(d: dict, key: str, param: str) -> bool:
+    v = d.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise _bad(f"'{param}' must be a boolean, got {json.dumps(v)[:40]}", param, "invalid_type")
+    return bool(v)
 
 
 def _check_content(content, i: int, role: str, has_calls: bool) -> None:
@@ -110,7 +119,8 @@ def parse_chat(body) -> ChatRequest:
     tools = _check_tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None
-    if body.get("n") not in (None, 1):
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise _bad("only n = 1 is supported: one sample per request", "n", "invalid_value")
     max_tokens = _number(body, "max_completion_tokens", None, 1, 2**31, integer=True)
     if max_tokens is None:
@@ -126,7 +136,8 @@ def parse_chat(body) -> ChatRequest:
     stream = False if stream is None else stream
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    opts = body.get("stream_options") or {}
+    opts = body.get("stream_options")
+    opts = {} if opts is None else opts
     if not isinstance(opts, dict):
         raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
     model = body.get("model")
@@ -134,17 +145,23 @@ def parse_chat(body) -> ChatRequest:
         raise _bad("'model' must be a string", "model", "invalid_type")
     return ChatRequest(
         messages=messages, tools=tools, stream=stream,
-        include_usage=bool(opts.get("include_usage")), max_tokens=max_tokens,
+        include_usage=_boolean(opts, "include_usage", "stream_options.include_usage"),
+        max_tokens=max_tokens,
         temperature=float(_number(body, "temperature", 1.0, 0.0, 2.0)),
         top_p=float(_number(body, "top_p", 1.0, 0.0, 1.0)),
         stop=stop, seed=_number(body, "seed", None, -2**63, 2**64 - 1, integer=True),
-        logprobs=bool(body.get("logprobs")), model=model)
+        logprobs=_boolean(body, "logprobs", "logprobs"), model=model)
 
 
 # -- attribution -----------------------------------------------------------------------------------
 
-def _flag(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on") if v is not None else False
+def _flag(v, name: str) -> bool:
+    """A yes/no header or body field: true, 1, "1", "true", "yes", "on" mean yes."""
+    if v is None:
+        return False
+    if not isinstance(v, (bool, int, str)):
+        raise _bad(f"'{name}' must be a boolean", name, "invalid_type")
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
 
 
 def derived_session_id(messages: list[dict]) -> str:
@@ -165,11 +182,13 @@ def attribute(headers, body: dict, messages: list[dict]) -> Attribution:
         return v if v not in (None, "") else body.get(field)
 
     session = get("x-session-id", "session_id")
-    turn_type = get("x-turn-type", "turn_type") or "main"
+    turn_type = get("x-turn-type", "turn_type")
+    turn_type = "main" if turn_type in (None, "") else turn_type
     if turn_type not in TURN_TYPES:
         raise _bad(f"X-Turn-Type must be 'main' or 'side', got {str(turn_type)[:40]!r}", "turn_type",
                    "invalid_value")
-    kind = get("x-turn-kind", "turn_kind") or ("main" if turn_type == "main" else "side")
+    kind = get("x-turn-kind", "turn_kind")
+    kind = ("main" if turn_type == "main" else "side") if kind in (None, "") else kind
     user = get("x-user-id", "user_id")
     for name, v in (("session_id", session), ("turn_kind", kind), ("user_id", user)):
         if v is not None and (not isinstance(v, str) or len(v) > 256):
@@ -177,6 +196,6 @@ def attribute(headers, body: dict, messages: list[dict]) -> Attribution:
     return Attribution(
         session_id=session or derived_session_id(messages),
         turn_type=turn_type, kind=kind, user_id=user,
-        no_train=_flag(get("x-clawrl-no-train", "no_train")),
-        session_done=_flag(get("x-session-done", "session_done")),
+        no_train=_flag(get("x-clawrl-no-train", "no_train"), "no_train"),
+        session_done=_flag(get("x-session-done", "session_done"), "session_done"),
         derived_session=not session)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .redact import check_pattern
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -146,6 +148,14 @@ class StoreConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    redact: bool = _f(True, "mask secrets (API keys, tokens, private keys, passwords) in stored "
+                      "turns; a turn with a masked secret is never trained on")
+    redact_patterns: list[str] = _f((), "extra regular expressions to mask (TOML: a list of "
+                                    "strings; environment: a JSON array)")
+
+
+@dataclass
 class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -157,6 +167,7 @@ class Config:
     skills: SkillsConfig = field(default_factory=SkillsConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     opd: OpdConfig = field(default_factory=OpdConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())
     recipe: Path | None = None
 
@@ -184,10 +195,12 @@ def _section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any:
     """Turn a TOML or environment value into the field's type, or fail naming the key."""
-    want = {"int": int, "float": float, "str": str, "bool": bool}[f.type]
+    want = {"int": int, "float": float, "str": str, "bool": bool, "list[str]": list}[f.type]
     if from_env:
         try:
-            if want is bool:
+            if want is list:
+                value = json.loads(value)
+            elif want is bool:
                 if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
                     raise ValueError
                 value = value.lower() in ("1", "true", "yes")
@@ -198,7 +211,8 @@ def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any
                               f"set it to a {f.type} ({f.metadata['help']})") from None
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+    if (not isinstance(value, want) or (want is int and isinstance(value, bool))
+            or (want is list and not all(isinstance(v, str) for v in value))):
         raise ConfigError(f"{where} must be a {f.type}, got {type(value).__name__} {value!r} "
                           f"({f.metadata['help']})")
     choices, minimum = f.metadata["choices"], f.metadata["min"]
@@ -281,6 +295,9 @@ def _check(cfg: Config) -> None:
     if cfg.judge.backend == "openai" and not (cfg.judge.url and cfg.judge.model):
         raise ConfigError("judge.backend = \"openai\" needs judge.url (an OpenAI-compatible base URL "
                           "ending in /v1) and judge.model; set both, or use judge.backend = \"rules\"")
+    for i, pattern in enumerate(cfg.privacy.redact_patterns):
+        if why := check_pattern(pattern):
+            raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
     if cfg.engine.kind != "embedded":
         raise ConfigError(f"engine.kind = {cfg.engine.kind!r} is not available in this release yet; "
                           "use engine.kind = \"embedded\"")

@@ -38,6 +38,8 @@ async def feedback(request: Request) -> Response:
     if comment is not None and not isinstance(comment, str):
         raise RequestError("'comment' must be a string", param="comment", code="invalid_type")
     user = request.headers.get("x-user-id") or body.get("user_id")
+    if user is not None and not isinstance(user, str):   # SQLite cannot bind an object: a 500
+        raise RequestError("'user_id' must be a string", param="user_id", code="invalid_type")
     found = await state.store.record_feedback(session_id, turn_id, int(reward),
                                               (comment or "").strip()[:4000] or None, user)
     if found is None:

@@ -1,10 +1,15 @@
 """The web dashboard: one static page at /dashboard and the read-only JSON it polls.
 
 The page (static/dashboard.html: plain HTML and JavaScript, no build step, nothing fetched from
-elsewhere) holds no data, so it is served without the API key; every /v1/dashboard/* endpoint sits
-behind the key like the rest of the API. Reads use their own sqlite3 connection in a thread: safe
-beside the daemon's writer under WAL, and they never wait on the store's write lock. The page's
-buttons call the control endpoints (control.py); this module changes nothing.
+elsewhere) and every /v1/dashboard/* endpoint sit behind the API key like the rest of the API. A
+browser that opens /dashboard without it gets static/login.html instead (from the proxy's key
+check): it asks for the key once, keeps it in sessionStorage, and loads the page with it as a
+Bearer header, the same header the page then sends on every call. The key never goes into a URL
+or a cookie (see SECURITY.md).
+
+Reads use their own sqlite3 connection in a thread: safe beside the daemon's writer under WAL, and
+they never wait on the store's write lock. The page's buttons call the control endpoints
+(control.py); this module changes nothing.
 """
 from __future__ import annotations
 
@@ -25,9 +30,13 @@ from .errors import RequestError
 from .store import connect_sync
 
 EXCERPT_CHARS, RESPONSE_CHARS = 600, 4000
-# Scripts and styles are inline; anything from another origin is refused.
+# Scripts and styles are inline; anything from another origin is refused, and no other site may
+# frame the page (its buttons roll adapters back).
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'")
+       "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
+HEADERS = {"Cache-Control": "no-store", "Content-Security-Policy": CSP,
+           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 def _limit(request: Request, default: int, most: int) -> int:
@@ -152,10 +161,18 @@ def read_skills(folder: Path, most: int = 100) -> list[dict]:
 
 # -- handlers --------------------------------------------------------------------------------------
 
+def _static(name: str) -> str:
+    return (resources.files("clawrl") / "static" / name).read_text(encoding="utf-8")
+
+
 async def page(request: Request) -> Response:
-    html = (resources.files("clawrl") / "static" / "dashboard.html").read_text(encoding="utf-8")
-    return HTMLResponse(html, headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP,
-                                       "X-Content-Type-Options": "nosniff"})
+    return HTMLResponse(_static("dashboard.html"), headers=HEADERS)
+
+
+def login_page() -> Response:
+    """What a browser gets at /dashboard without the key: a form for it, and no data."""
+    return HTMLResponse(_static("login.html"), status_code=401,
+                        headers={**HEADERS, "WWW-Authenticate": "Bearer"})
 
 
 async def sessions(request: Request) -> Response:

@@ -95,6 +95,9 @@ def check_port(cfg: Config) -> Check:
     name = f"port {port}"
     d = probe(cfg, timeout=3.0)
     if d["up"] and d["clawrl"]:
+        if d["status"] == "refused":
+            return problem(name, "a clawrl daemon listens but refused the API key",
+                           "set server.api_key (or CLAWRL_SERVER_API_KEY) to the daemon's key")
         if d["status"] == "failed":
             return problem(name, f"a clawrl daemon listens but could not load its model: {d['error']}",
                            "fix the model (see the model line), then restart `clawrl serve`")

@@ -48,9 +48,13 @@ def _limit(most: int) -> dict:
             "schema": {"type": "integer", "minimum": 1, "maximum": most}}
 
 
-def _path(name: str, description: str) -> dict:
+def _path(name: str, description: str, schema: dict | None = None) -> dict:
     return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": {"type": "string", "minLength": 1}}
+            "schema": schema or {"type": "string", "minLength": 1}}
+
+
+# skill_bridge's rule: 1-64 lowercase letters, digits and single inner hyphens.
+SKILL_NAME = {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$", "maxLength": 64}
 
 
 ATTRIBUTION_HEADERS = [
@@ -76,12 +80,17 @@ def schemas(context_length: int) -> dict:
         "id": {"type": "string"}, "type": {"const": "function"},
         "function": {"type": "object", "required": ["name"], "properties": {
             "name": {"type": "string"}, "arguments": {"type": "string"}}}}}
-    message = {"type": "object", "required": ["role"], "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part},
-                              {"type": "null"}]},
-        "tool_calls": {"type": "array", "items": tool_call},
-        "tool_call_id": {"type": "string"}, "name": {"type": "string"}}}
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
+    # Only an assistant message may carry tool calls, and then may leave its content null.
+    message = {"anyOf": [
+        {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"enum": ["system", "developer", "user", "tool"]}, "content": content,
+            "tool_call_id": {"type": "string"}, "name": {"type": "string"}}},
+        {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"const": "assistant"}, "content": content, "name": {"type": "string"}}},
+        {"type": "object", "required": ["role", "tool_calls"], "properties": {
+            "role": {"const": "assistant"}, "content": {"anyOf": [content, {"type": "null"}]},
+            "tool_calls": {"type": "array", "minItems": 1, "items": tool_call}}}]}
     tool = {"type": "object", "required": ["function"], "properties": {
         "type": {"const": "function"},
         "function": {"type": "object", "required": ["name"], "properties": {
@@ -128,7 +137,7 @@ def schemas(context_length: int) -> dict:
         "comment": {"type": "string", "description": "becomes the hint (first 4000 characters)"},
         "user_id": {"type": "string"}}}
     skill_write = {"type": "object", "properties": {
-        "name": {"type": "string", "minLength": 1, "description": "the skill's folder name"},
+        "name": {**SKILL_NAME, "description": "the skill's folder name"},
         "description": {"type": "string"}, "instructions": {"type": "string"},
         "files": {"type": "object", "additionalProperties": {"type": "string"},
                   "description": "relative path -> text content, inside the skill's folder"}}}
@@ -168,7 +177,7 @@ def paths() -> dict:
                                               {"200": active}, requestBody=_body(_ref("Activate")))},
         "/v1/adapters/rollback": {"post": _op(
             "Return to the version before the live one; later ones are marked rejected",
-            {"200": active}, requestBody=_body(OPEN_OBJECT, required=False))},
+            {"200": active})},
         "/v1/skills": {
             "get": _op("Skills in the source folder and what OpenClaw loads",
                        {"200": _json(OPEN_OBJECT)}),
@@ -177,12 +186,12 @@ def paths() -> dict:
                         requestBody=_body({**_ref("SkillWrite"), "required": ["name"]}))},
         "/v1/skills/{name}": {
             "get": _op("A skill's files", {"200": _json(OPEN_OBJECT)},
-                       parameters=[_path("name", "the skill's folder name")]),
+                       parameters=[_path("name", "the skill's folder name", SKILL_NAME)]),
             "patch": _op("Change a skill's files", {"200": _json(OPEN_OBJECT)},
-                         parameters=[_path("name", "the skill's folder name")],
+                         parameters=[_path("name", "the skill's folder name", SKILL_NAME)],
                          requestBody=_body(_ref("SkillWrite"))),
             "delete": _op("Delete a skill and unpublish it", {"200": _json(OPEN_OBJECT)},
-                          parameters=[_path("name", "the skill's folder name")])},
+                          parameters=[_path("name", "the skill's folder name", SKILL_NAME)])},
         "/dashboard": {"get": _op("The web dashboard (HTML); a browser without the key gets a "
                                   "login page", {"200": {"description": "the page", "content": {
                                       "text/html": {"schema": {"type": "string"}}}}})},

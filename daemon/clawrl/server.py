@@ -27,7 +27,8 @@ from .skills import SkillBridge, proposals_folder
 from .supervisor import TrainerSupervisor
 from .swap import Swapper
 from .proxy import DaemonState, build_app
-from .store import Store
+from .redact import Redactor
+from .store import Store, private_dir
 
 log = logging.getLogger("clawrl")
 DRAIN_SECONDS = 10
@@ -87,7 +88,8 @@ def make_lifespan(state: DaemonState, notifier: Notifier):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         notifier.start()    # first and last: watchdog pings cover the model load and the shutdown
-        state.store = await Store.open(state.cfg.db_path)
+        private_dir(state.cfg.home)   # 0700 before anything is written into it
+        state.store = await Store.open(state.cfg.db_path, Redactor.from_config(state.cfg.privacy))
         loader = asyncio.get_running_loop().run_in_executor(None, _load, state)
         state.judging = Judging(state.cfg, state.store, state.engine, metrics=state.metrics)
         state.swapper = Swapper(state.cfg, state.engine, state.store, metrics=state.metrics)

@@ -38,6 +38,11 @@ def probe(cfg: Config, timeout: float = 3.0) -> dict:
         info = r.json()
     except ValueError:
         info = None
+    if r.status_code == 401 and isinstance(info, dict) and \
+            (info.get("error") or {}).get("code") == "invalid_api_key":
+        return {"up": True, "clawrl": True, "status": "refused",
+                "error": "the daemon refused this recipe's API key; set server.api_key "
+                         "(or CLAWRL_SERVER_API_KEY) to the key it was started with"}
     ours = (isinstance(info, dict) and info.get("status") in ("ready", "loading", "failed")
             and (info["status"] != "ready" or "adapter_version" in info))
     if not ours:

@@ -5,13 +5,21 @@ crash mid-stream leaves a row with status `started`, never nothing. Each write i
 When a main turn arrives, the messages it adds after the previous main turn's response (a user
 reply, tool results) are stored on that previous turn as its next state.
 
+Every text written passes through a redact.Redactor first: a turn in which a secret was masked
+keeps no token ids that spell it and is never trained on (see redact.py). The file is created 0600
+inside a 0700 folder: it holds the user's conversations.
+
 Reads for the CLI go through plain sqlite3 on the same file (`read_*` functions below).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
+import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
 
@@ -19,7 +27,10 @@ import aiosqlite
 
 from . import migrations
 from .chat_format import content_text
+from .redact import Redactor
 from .types import Attribution, Finish
+
+log = logging.getLogger("clawrl.store")
 
 
 def connect_sync(path: Path) -> sqlite3.Connection:
@@ -51,16 +62,49 @@ def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
 
 
+def _tighten(path: Path, mode: int) -> None:
+    """Take away any permission beyond `mode`, saying so: a looser one is someone's old setup."""
+    try:
+        current = stat.S_IMODE(path.stat().st_mode)
+        if current & ~mode:
+            path.chmod(current & mode)
+            log.warning("tightened the permissions of %s from %03o to %03o: it holds conversations "
+                        "that other users of this machine must not read", path, current,
+                        current & mode)
+    except OSError as e:   # not ours to change: say so and go on
+        log.warning("could not tighten the permissions of %s (%s); run: chmod %03o %s",
+                    path, e, mode, path)
+
+
+def private_dir(path: Path) -> None:
+    """Create the data directory 0700, or tighten an existing one to it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _tighten(path, 0o700)
+
+
+def private_db(path: Path) -> None:
+    """Create the turn log's file 0600 before SQLite does (SQLite gives its -wal and -shm files the
+    database's own permissions), or tighten an existing one and its side files."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists():
+            _tighten(p, 0o600)
+
+
 class Store:
-    def __init__(self, db: aiosqlite.Connection):
+    def __init__(self, db: aiosqlite.Connection, redactor: Redactor | None = None):
         self.db = db
+        self.redactor = redactor if redactor is not None else Redactor.default()
         # One connection serves every coroutine: writes take turns so that no statement lands
         # inside another coroutine's open transaction.
         self.lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, path: Path) -> "Store":
-        path.parent.mkdir(parents=True, exist_ok=True)
+    async def open(cls, path: Path, redactor: Redactor | None = None) -> "Store":
+        """`redactor`: what to mask in stored text; None = the built-in patterns."""
+        private_db(path)
         sync = connect_sync(path)
         migrations.apply(sync)
         sync.close()
@@ -69,7 +113,7 @@ class Store:
         await db.execute("PRAGMA busy_timeout=5000")
         await db.execute("PRAGMA foreign_keys=ON")
         db.row_factory = aiosqlite.Row
-        return cls(db)
+        return cls(db, redactor)
 
     async def close(self) -> None:
         await self.db.close()
@@ -78,6 +122,10 @@ class Store:
                          adapter_version: int, skills: dict[str, str] | None = None) -> int:
         """Record an arriving request; link it as the next state of the session's last main turn.
         `skills`: the clawrl-published skills in force (name -> content hash)."""
+        request, masked = await asyncio.to_thread(self.redactor.json, request)
+        if masked:
+            # The prompt ids spell the secret: keep none, and never train on this turn.
+            att, prompt_ids = dataclasses.replace(att, no_train=True), []
         async with self.lock:
             return await self._begin_turn(att, request, prompt_ids, model, adapter_version, skills)
 
@@ -133,13 +181,19 @@ class Store:
     async def finish_turn(self, turn_id: int, *, status: str, text: str, token_ids: list[int],
                           logprobs: list[float], tool_calls: list[dict] | None, finish: Finish | None,
                           ttft_ms: float | None, total_ms: float, error: str | None = None) -> None:
+        text, masked = self.redactor.text(text)
+        tool_calls, masked_calls = self.redactor.json(tool_calls)
+        error, _ = self.redactor.text(error)
+        if masked or masked_calls:
+            token_ids = []   # they spell the secret; the turn is no longer trainable (below)
         async with self.lock:
             await self.db.execute(
-                "UPDATE turns SET status=?, response_text=?, response_ids=?, response_logprobs=?,"
+                "UPDATE turns SET trainable=trainable AND ?,"
+                " status=?, response_text=?, response_ids=?, response_logprobs=?,"
                 " tool_calls=?, finish_reason=?, prompt_tokens=?, completion_tokens=?, cached_tokens=?,"
                 " error=?, completed_at=?, ttft_ms=?, total_ms=?, adapter_version=coalesce(?, adapter_version)"
                 " WHERE id=?",
-                (status, text, _dumps(token_ids), _dumps(logprobs),
+                (int(not (masked or masked_calls)), status, text, _dumps(token_ids), _dumps(logprobs),
                  _dumps(tool_calls) if tool_calls else None,
                  finish.reason if finish else None,
                  finish.prompt_tokens if finish else None,
@@ -172,10 +226,12 @@ class Store:
             return [r[0] for r in await cur.fetchall()]
 
     async def recent_prompts(self, n: int, max_tokens: int) -> list[list[int]]:
-        """Prompt ids of the last n complete main turns that are at most max_tokens long."""
+        """Prompt ids of the last n complete main turns that are at most max_tokens long (turns
+        whose ids were dropped with a masked secret have none to give)."""
         async with self.db.execute(
                 "SELECT prompt_ids FROM turns WHERE status='complete' AND turn_type='main'"
-                " AND prompt_tokens <= ? ORDER BY id DESC LIMIT ?", (max_tokens, n)) as cur:
+                " AND prompt_tokens <= ? AND prompt_ids != '[]' ORDER BY id DESC LIMIT ?",
+                (max_tokens, n)) as cur:
             return [json.loads(r[0]) for r in await cur.fetchall()]
 
     # -- judging and feedback ---------------------------------------------------------------------
@@ -190,6 +246,9 @@ class Store:
 
     async def save_judgment(self, turn_id: int, score: int, votes: list, raw: list[str],
                             hint: str | None) -> None:
+        # The judge read masked text, but a model can still write a secret-shaped string.
+        hint, _ = self.redactor.text(hint)
+        raw, _ = self.redactor.json(raw)
         async with self.lock:
             await self.db.execute(
                 "UPDATE turns SET judge_status='done', judge_score=?, judge_votes=?, judge_raw=?,"
@@ -198,6 +257,7 @@ class Store:
 
     async def judge_failed(self, turn_id: int, error: str, retry_in: float | None) -> None:
         """Count a failed try; retry after `retry_in` seconds, or give up (None): status failed."""
+        error, _ = self.redactor.text(error)
         async with self.lock:
             await self.db.execute(
                 "UPDATE turns SET judge_attempts=judge_attempts+1, judge_error=?, judge_retry_at=?,"
@@ -208,6 +268,9 @@ class Store:
                               comment: str | None, user_id: str | None) -> int | None:
         """Explicit feedback on a turn, or on the session's last main turn. Returns the turn id,
         None when there is no such turn."""
+        if turn_id is not None and not -2**63 <= turn_id < 2**63:
+            return None   # no row has an id SQLite cannot even hold
+        comment, _ = self.redactor.text(comment)
         async with self.lock:
             if turn_id is None:
                 async with self.db.execute(
