@@ -181,14 +181,14 @@ def test_cli_new_makes_a_valid_skill_and_check_reports_breakage(d, source, targe
     assert cli(d, "new", "../x").returncode == 2
 
 
-def _corrected_session(d, session: str, correction: str) -> None:
+def _corrected_session(d, session: str, correction: str, user: str = "ana") -> None:
     msgs = [{"role": "user", "content": "Tell me about the moon."}]
     first = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, headers={"X-Session-Id": session,
-                       "X-User-Id": "ana"}, json={"messages": msgs, "max_tokens": 8})
+                       "X-User-Id": user}, json={"messages": msgs, "max_tokens": 8})
     msgs += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
              {"role": "user", "content": correction}]
     httpx.post(f"{d.url}/v1/chat/completions", timeout=60, headers={"X-Session-Id": session,
-               "X-User-Id": "ana"}, json={"messages": msgs, "max_tokens": 4})
+               "X-User-Id": user}, json={"messages": msgs, "max_tokens": 4})
 
 
 def test_repeated_corrections_become_a_proposed_skill_that_accept_publishes(d, source, target):
@@ -217,3 +217,21 @@ def test_repeated_corrections_become_a_proposed_skill_that_accept_publishes(d, s
              lambda: (target / "ana-prefers-shorter" / "SKILL.md").exists())
     missing = cli(d, "accept", "ana-prefers-shorter")
     assert missing.returncode == 2 and "no proposed skill" in missing.stderr
+
+
+def test_forgetting_a_user_deletes_the_drafts_that_quote_them(d):
+    for i in range(3):
+        _corrected_session(d, f"bo-{i}", "No, don't use bullet points, write prose.", user="bo")
+    wait_for("bo's judged corrections", lambda: len(d.rows(
+        "SELECT id FROM turns WHERE session_id LIKE 'bo-%' AND judge_score=-1")) == 3, timeout=60)
+    assert "proposed bo-prefers-" in cli(d, "propose").stdout
+    drafts = list((d.home / "skills-proposed").glob("bo-prefers-*"))
+    assert drafts
+    gone = subprocess.run([*CLAWRL, "forget", "--user", "bo", "--yes"], env=d.env,
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0, gone.stderr
+    assert "proposed skill draft" in gone.stdout
+    assert not any(p.exists() for p in drafts)
+    state = json.loads((d.home / "skills-proposed" / ".state.json").read_text())
+    assert all(v["user"] != "bo" for v in state["seen"].values())
+

@@ -253,6 +253,13 @@ def cmd_forget(args) -> int:
             return 1
         gone = forget.forget(db, session=args.session, user=args.user)
     print(forget.describe(gone))
+    if args.user:
+        from .skill_proposals import Proposals
+        from .skills import proposals_folder, source_folder
+        drafts = Proposals(proposals_folder(cfg), source_folder(cfg)).forget_user(args.user)
+        if drafts:
+            print(f"deleted {forget.count(len(drafts), 'proposed skill draft')} quoting "
+                  f"{args.user}'s corrections: {', '.join(drafts)}")
     return 0
 
 

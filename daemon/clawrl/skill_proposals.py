@@ -195,6 +195,20 @@ class Proposals:
         shutil.rmtree(self._find(name))
         self._mark(name, "rejected")
 
+    def forget_user(self, user: str) -> list[str]:
+        """Delete the drafts quoting `user`'s corrections and what was proposed for them (accepted
+        skills are the user's own now and stay). Returns the deleted drafts' names."""
+        state, gone = self._state(), []
+        for key, v in list(state["seen"].items()):
+            if v["user"] != user:
+                continue
+            if v.get("state") == "proposed" and (self.folder / v["name"]).is_dir():
+                shutil.rmtree(self.folder / v["name"])
+                gone.append(v["name"])
+            del state["seen"][key]
+        self._save(state)
+        return gone
+
     def _find(self, name: str) -> Path:
         if not NAME_RE.fullmatch(name) or not (self.folder / name / "SKILL.md").is_file():
             known = ", ".join(p["name"] for p in self.list()) or "none"
