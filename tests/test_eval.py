@@ -64,3 +64,17 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     table = (out / "results.md").read_text()
     assert "## shouty" in table and "| rl |" in table and "| no-train |" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # --resume keeps the finished runs; a run that fails (here: its daemon finds no model) is
+    # recorded with its error and does not stop the evaluation.
+    r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
+                        "--methods", "rl,opd", "--seeds", "1", "--interactions", "2",
+                        "--checkpoints", "0,2", "--heldout", "2", "--out", str(out),
+                        "--work", str(work), "--resume"], env={**env, "CLAWRL_MODEL_SOURCE": str(tmp_path / "no-model")},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-4000:]
+    assert r.stderr.count("done before, kept") == 2 and "run failed" in r.stderr
+    again = {run["method"]: run for run in json.loads((out / "results.json").read_text())["runs"]}
+    assert again["rl"]["points"] == runs["rl"]["points"]
+    assert again["opd"]["points"] == [] and again["opd"]["error"]
+    assert "## Failed runs" in (out / "results.md").read_text()

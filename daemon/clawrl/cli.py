@@ -139,8 +139,9 @@ def cmd_chat(args) -> int:
 
 
 def cmd_train(args) -> int:
+    cfg = _config(args)   # a bad recipe fails here, before torch loads, in a crash loop too
     from .trainer import main_loop
-    main_loop(_config(args))
+    main_loop(cfg)
     return 0
 
 
@@ -359,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait at a checkpoint for judge, trainer and swap (default 600)")
     sp.add_argument("--out", default="bench/out/eval", help="where results go (default bench/out/eval)")
     sp.add_argument("--work", help="where the runs' daemon homes go (default: a temp folder)")
+    sp.add_argument("--resume", action="store_true",
+                    help="keep the completed runs already in --out's results.json and run only "
+                         "the rest (a failed run is recorded, and the others go on)")
     sp = add("export", cmd_export, "write recorded turns as JSON Lines for other trainers: request, "
                                    "response tokens and logprobs, next state, judge, feedback")
     sp.add_argument("--format", default="jsonl", choices=("jsonl",), help="output format (jsonl)")

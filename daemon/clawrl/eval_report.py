@@ -34,7 +34,8 @@ def markdown(runs: list[dict], command: str) -> str:
         lines += [f"## {persona}", "", "| method | " + " | ".join(f"after {c}" for c in cps)
                   + " | seeds | wall (mean) |", "|---" * (len(cps) + 3) + "|"]
         for method, points in methods.items():
-            walls = [r["wall_s"] for r in runs if r["persona"] == persona and r["method"] == method]
+            walls = [r["wall_s"] for r in runs if r["persona"] == persona
+                     and r["method"] == method and not r.get("error")]
             seeds = len(walls)
             lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
                          + f" | {seeds} | {statistics.fmean(walls) / 60:.1f} min |")
@@ -45,6 +46,10 @@ def markdown(runs: list[dict], command: str) -> str:
             lines += ["", f"Most empty + degenerate answers: {worst[0]} seed {worst[1]} after "
                           f"{worst[2]}: {worst[3]:.0%} empty, {worst[4]:.0%} degenerate."]
         lines.append("")
+    failed = [r for r in runs if r.get("error")]
+    if failed:
+        lines += ["## Failed runs", ""] + [f"- {r['persona']} {r['method']} seed {r['seed']}: "
+                                           f"{r['error']}" for r in failed] + [""]
     lines.append("Cells: mean held-out score of the first response ± half the range over seeds.")
     return "\n".join(lines) + "\n"
 
@@ -71,6 +76,15 @@ def plot(runs: list[dict], path: Path) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def finished(out: Path) -> list[dict]:
+    """The runs an earlier `clawrl eval` wrote to `out` and completed (for --resume)."""
+    try:
+        runs = json.loads((out / "results.json").read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [r for r in runs if r.get("points") and not r.get("error")]
 
 
 def write(runs: list[dict], out: Path, command: str) -> list[Path]:

@@ -71,14 +71,26 @@ class Child:
         log = open(self.home / "daemon.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "clawrl", "serve"], env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise ClawrlError(f"the eval daemon exited; see {self.home / 'daemon.log'}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
+                r = httpx.get(f"{self.url}/readyz", timeout=2)
+                if r.status_code == 200:
+                    return
+                if r.json().get("status") == "failed":
+                    raise ClawrlError(f"the eval daemon could not load the model: "
+                                      f"{r.json().get('error')}")
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.5)
         raise ClawrlError(f"the eval daemon was not ready after {timeout:.0f} s")
@@ -226,18 +238,32 @@ def main(args, cfg) -> int:
     plan = [(p, m, s) for p in loaded for s in range(args.seeds)
             for m in ([None] if args.control else []) + methods]
     command = "clawrl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    runs, written = [], []
+    runs = eval_report.finished(Path(args.out)) if args.resume else []
+    done = {(r["persona"], r["method"], r["seed"]) for r in runs}
+    written, failed = [], 0
     for i, (persona, method, seed) in enumerate(plan, 1):
         label = method or "no-train"
+        if (persona.name, label, seed) in done:
+            print(f"[{i}/{len(plan)}] {persona.name} {label} seed {seed}: done before, kept",
+                  file=sys.stderr)
+            continue
         print(f"[{i}/{len(plan)}] {persona.name} {label} seed {seed}", file=sys.stderr)
-        runs.append(run(persona, method=method, judge=args.judge, seed=seed,
-                        interactions=args.interactions, checkpoints=checkpoints,
-                        n_heldout=args.heldout, home=work / f"{persona.name}-{label}-{seed}",
-                        models=cfg.models_dir, recipe=args.recipe,
-                        settle_timeout=args.settle_timeout,
-                        progress=lambda msg: print(f"  {msg}", file=sys.stderr)))
+        home, t0 = work / f"{persona.name}-{label}-{seed}", time.time()
+        try:
+            runs.append(run(persona, method=method, judge=args.judge, seed=seed,
+                            interactions=args.interactions, checkpoints=checkpoints,
+                            n_heldout=args.heldout, home=home, models=cfg.models_dir,
+                            recipe=args.recipe, settle_timeout=args.settle_timeout,
+                            progress=lambda msg: print(f"  {msg}", file=sys.stderr)))
+        except (ClawrlError, httpx.HTTPError, OSError) as e:
+            # One broken run must not cost the hours of the others: record it and go on.
+            failed += 1
+            print(f"  run failed: {e} (its daemon's log: {home / 'daemon.log'})", file=sys.stderr)
+            runs.append({"persona": persona.name, "method": label, "judge": args.judge,
+                         "seed": seed, "points": [], "train_scores": [],
+                         "wall_s": time.time() - t0, "error": str(e)[:500]})
         # After every run, so a long evaluation that is stopped keeps what it measured.
         written = eval_report.write(runs, Path(args.out), command)
     for path in written:
         print(f"wrote {path}")
-    return 0
+    return 1 if failed else 0
