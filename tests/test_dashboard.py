@@ -1,6 +1,7 @@
 """The web dashboard against a real daemon (with an API key): its JSON endpoints over real turns,
-judgments, feedback and hot-swapped adapter versions; the key on every data endpoint but not on the
-page; and the page itself in headless Chromium, which renders the plot and rolls an adapter back."""
+judgments, feedback and hot-swapped adapter versions; the key on every data endpoint and on the
+page (a browser without it gets a login page); and the page itself in headless Chromium, which
+logs in, renders the plot and rolls an adapter back."""
 from __future__ import annotations
 
 import base64
@@ -171,19 +172,27 @@ def test_skills_lists_the_openclaw_workspace_folder(lab, tmp_path, monkeypatch):
     assert dashboard.skills_folder() is None               # the page then says "no skills yet"
 
 
-def test_data_endpoints_need_the_key_and_the_page_does_not(lab):
+def test_data_endpoints_and_the_page_need_the_key(lab):
     for path in DATA_ENDPOINTS:
         assert httpx.get(f"{lab.url}{path}").status_code == 401, path
         wrong = httpx.get(f"{lab.url}{path}", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(f"{lab.url}{path}", headers=AUTH).status_code == 200, path
-    page = httpx.get(f"{lab.url}/dashboard")
+    # A browser without the key gets a login form and nothing of the dashboard.
+    html = {"Accept": "text/html"}
+    login = httpx.get(f"{lab.url}/dashboard", headers=html)
+    assert login.status_code == 401 and login.headers["content-type"].startswith("text/html")
+    assert 'id="login"' in login.text and '<svg id="plot"' not in login.text
+    assert httpx.get(f"{lab.url}/dashboard").json()["error"]["code"] == "invalid_api_key"
+    page = httpx.get(f"{lab.url}/dashboard", headers={**html, **AUTH})
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert '<svg id="plot"' in page.text and "localStorage" in page.text
+    assert '<svg id="plot"' in page.text and "sessionStorage" in page.text
+    assert "localStorage" not in page.text + login.text      # the key is not kept past the tab
     assert "default-src 'none'" in page.headers["content-security-policy"]
-    # Nothing is fetched from elsewhere: no external scripts, styles or fonts.
-    assert "http://" not in page.text.replace("http://www.w3.org/2000/svg", "")
-    assert "https://" not in page.text
+    for text in (login.text, page.text):
+        # Nothing is fetched from elsewhere: no external scripts, styles or fonts.
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+        assert "https://" not in text
 
 
 # -- the page in a real browser -------------------------------------------------------------------
@@ -280,12 +289,23 @@ def test_page_renders_the_plot_and_rolls_back_in_a_browser(lab, browser):
                  deviceScaleFactor=1, mobile=False)
     browser.call("Page.navigate", s, url=f"{lab.url}/dashboard")
 
-    # The first API call is refused (a fresh browser has no key): the page asks for it.
-    browser.wait_for(s, "document.querySelector('#keybar') && !document.querySelector('#keybar').hidden")
+    # A fresh browser has no key: the daemon answers a login form, which refuses a wrong key...
+    login = "document.querySelector('#login')"
+    browser.wait_for(s, f"{login} !== null")
+    browser.evaluate(s, "document.querySelector('#key').value = 'wrong';" f"{login}.requestSubmit()")
+    browser.wait_for(s, "document.querySelector('#msg').textContent === 'that key was refused'")
+    # ... and with the right one loads the dashboard in its place.
     browser.evaluate(s, f"document.querySelector('#key').value = {json.dumps(KEY)};"
-                        "document.querySelector('#keybar').requestSubmit()")
+                        f"{login}.requestSubmit()")
     browser.wait_for(s, "document.body.dataset.loaded === 'true'")
-    assert browser.evaluate(s, "localStorage.getItem('clawrl.apiKey')") == KEY
+    assert browser.evaluate(s, "sessionStorage.getItem('clawrl.apiKey')") == KEY
+    assert browser.evaluate(s, "localStorage.length") == 0 and KEY not in browser.evaluate(
+        s, "location.href + document.cookie")
+    # A reload asks again for nothing: the tab still has the key.
+    browser.evaluate(s, "window.beforeReload = true")
+    browser.call("Page.reload", s)
+    browser.wait_for(s, "!window.beforeReload && document.body?.dataset.loaded === 'true'")
+    assert browser.evaluate(s, f"{login}") is None
 
     plot = browser.evaluate(s, """({
         dots: [...document.querySelectorAll('#plot circle')].map(c => [c.dataset.turn, c.getAttribute('class')]),

@@ -300,9 +300,9 @@ def test_value_at_minimum_is_accepted():
 
 
 def test_engine_kind_not_yet_available():
-    # "vllm" is a declared choice but refused by the cross-key check in this release.
+    # "tinker" is a declared choice but refused by the cross-key check in this release.
     with pytest.raises(ConfigError) as ei:
-        load_config(env={"CLAWRL_ENGINE_KIND": "vllm"})
+        load_config(env={"CLAWRL_ENGINE_KIND": "tinker"})
     assert "engine.kind" in str(ei.value) and "embedded" in str(ei.value)
 
 

@@ -122,9 +122,10 @@ def parse_chat(body) -> ChatRequest:
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise _bad("only n = 1 is supported: one sample per request", "n", "invalid_value")
-    max_tokens = _number(body, "max_completion_tokens", None, 1, 2**31, integer=True)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", None, 1, 2**31, integer=True)
+    # Both are checked; the newer name wins when both are given.
+    max_tokens = _number(body, "max_tokens", None, 1, 2**31, integer=True)
+    newer = _number(body, "max_completion_tokens", None, 1, 2**31, integer=True)
+    max_tokens = newer if newer is not None else max_tokens
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -181,18 +182,27 @@ def attribute(headers, body: dict, messages: list[dict]) -> Attribution:
         v = headers.get(header)
         return v if v not in (None, "") else body.get(field)
 
+    def text(name: str, v) -> None:
+        if v is not None and (not isinstance(v, str) or len(v) > 256):
+            raise _bad(f"'{name}' must be a string of at most 256 characters", name, "invalid_value")
+
+    # A body field of the wrong type is a malformed request even where a header overrides it.
+    for name in ("session_id", "turn_kind", "user_id"):
+        text(name, body.get(name))
+    for name in ("no_train", "session_done"):
+        _flag(body.get(name), name)
     session = get("x-session-id", "session_id")
     turn_type = get("x-turn-type", "turn_type")
     turn_type = "main" if turn_type in (None, "") else turn_type
-    if turn_type not in TURN_TYPES:
-        raise _bad(f"X-Turn-Type must be 'main' or 'side', got {str(turn_type)[:40]!r}", "turn_type",
-                   "invalid_value")
+    for v in (turn_type, body.get("turn_type")):
+        if v not in (None, "", *TURN_TYPES):
+            raise _bad(f"X-Turn-Type must be 'main' or 'side', got {str(v)[:40]!r}", "turn_type",
+                       "invalid_value")
     kind = get("x-turn-kind", "turn_kind")
     kind = ("main" if turn_type == "main" else "side") if kind in (None, "") else kind
     user = get("x-user-id", "user_id")
     for name, v in (("session_id", session), ("turn_kind", kind), ("user_id", user)):
-        if v is not None and (not isinstance(v, str) or len(v) > 256):
-            raise _bad(f"'{name}' must be a string of at most 256 characters", name, "invalid_value")
+        text(name, v)
     return Attribution(
         session_id=session or derived_session_id(messages),
         turn_type=turn_type, kind=kind, user_id=user,

@@ -30,7 +30,9 @@ def _f(default: Any, help: str, choices: tuple | None = None, minimum: float | N
 
 @dataclass
 class EngineConfig:
-    kind: str = _f("embedded", "serving engine", ("embedded", "sglang", "vllm", "tinker"))
+    kind: str = _f("embedded", "serving engine: embedded (transformers in the daemon), sglang or "
+                   "vllm (a GPU server process; the keys marked sglang/vllm)",
+                   ("embedded", "sglang", "vllm", "tinker"))
     dtype: str = _f("auto", "weights dtype; auto = bfloat16 where the CPU supports it",
                     ("auto", "bfloat16", "float32"))
     threads: int = _f(0, "torch threads for serving; 0 = all cores", minimum=0)
@@ -40,6 +42,32 @@ class EngineConfig:
                              minimum=1)
     max_queue: int = _f(64, "requests waiting beyond max_concurrent before 503 + Retry-After",
                         minimum=0)
+    # -- sglang / vllm: a server process does the compute (engines/remote.py) --
+    launch: bool = _f(True, "sglang/vllm: start the server as a supervised child process of the "
+                      "daemon (restarted with backoff if it dies); false = attach to engine.url")
+    url: str = _f("", "sglang/vllm with launch = false: base URL of a running server to attach "
+                  "to, e.g. http://127.0.0.1:30010 (it must see the adapters folder at the same path)")
+    port: int = _f(30010, "sglang/vllm with launch = true: loopback port the launched server binds",
+                   minimum=1)
+    command: str = _f("", "sglang/vllm: the server command clawrl's arguments are appended to; "
+                      "empty = 'python -m sglang.launch_server' or 'vllm serve'")
+    extra_args: str = _f("", "sglang/vllm: more server arguments, appended as written "
+                         "(e.g. '--mem-fraction-static 0.5')")
+    tensor_parallel: int = _f(1, "sglang/vllm: GPUs one model copy is split over "
+                              "(--tp-size / --tensor-parallel-size)", minimum=1)
+    data_parallel: int = _f(1, "sglang/vllm: model copies serving side by side "
+                            "(--dp-size / --data-parallel-size)", minimum=1)
+    max_lora_rank: int = _f(64, "sglang/vllm: the largest LoRA rank the server accepts "
+                            "(--max-lora-rank); must be at least train.lora_r", minimum=1)
+    max_loras_per_batch: int = _f(4, "sglang/vllm: adapters one batch may mix (--max-loras-per-batch "
+                                  "/ --max-loras); during a swap the old and the new version run "
+                                  "together, and the judge and teacher use the base model", minimum=2)
+    serve_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the launched server, e.g. '0' "
+                         "or '0,1'; empty = inherit")
+    train_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the trainer, e.g. '1'; it trains "
+                         "on the first one; empty = the trainer runs on the CPU")
+    startup_timeout_s: float = _f(900.0, "sglang/vllm: how long the server may take to answer "
+                                  "/health after a (re)start (weights, CUDA graphs)", minimum=1.0)
 
 
 @dataclass
@@ -298,9 +326,44 @@ def _check(cfg: Config) -> None:
     for i, pattern in enumerate(cfg.privacy.redact_patterns):
         if why := check_pattern(pattern):
             raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
-    if cfg.engine.kind != "embedded":
+    if cfg.engine.kind == "tinker":
         raise ConfigError(f"engine.kind = {cfg.engine.kind!r} is not available in this release yet; "
-                          "use engine.kind = \"embedded\"")
+                          "use engine.kind = \"embedded\", \"sglang\" or \"vllm\"")
+    if cfg.engine.kind in ("sglang", "vllm"):
+        _check_server_engine(cfg)
+
+
+# vLLM's LoRAConfig accepts only these ranks (vllm/config/lora.py, MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _check_server_engine(cfg: Config) -> None:
+    """Rules for an engine that is a separate server (sglang, vllm)."""
+    e, kind = cfg.engine, cfg.engine.kind
+    if cfg.train.lora_r > e.max_lora_rank:
+        raise ConfigError(f"train.lora_r = {cfg.train.lora_r} is larger than engine.max_lora_rank = "
+                          f"{e.max_lora_rank}: the {kind} server would refuse every adapter. Raise "
+                          f"engine.max_lora_rank to at least {cfg.train.lora_r} or lower train.lora_r")
+    if kind == "vllm" and e.max_lora_rank not in VLLM_LORA_RANKS:
+        raise ConfigError(f"engine.max_lora_rank = {e.max_lora_rank} is not a rank vLLM accepts; use one "
+                          f"of: {', '.join(map(str, VLLM_LORA_RANKS))}")
+    if kind == "sglang" and e.data_parallel > 1:
+        # tokenizer_control_mixin.py asserts dp_size == 1 in load_lora_adapter.
+        raise ConfigError(f"engine.data_parallel = {e.data_parallel}: SGLang loads LoRA adapters at run "
+                          "time only with --dp-size 1, and hot-swap needs that. Use "
+                          "engine.tensor_parallel for more GPUs (or several servers behind SGLang's "
+                          "router), and set engine.data_parallel = 1")
+    if e.launch and e.url:
+        raise ConfigError(f"engine.url = {e.url!r} is for attaching to a running server, but "
+                          "engine.launch = true starts one; set engine.launch = false to attach, "
+                          "or remove engine.url")
+    if e.launch and e.port == cfg.server.port:
+        raise ConfigError(f"engine.port = {e.port} is also server.port: the launched {kind} server "
+                          "and clawrl's API need ports of their own; change engine.port")
+    if not e.launch and not e.url.startswith(("http://", "https://")):
+        raise ConfigError(f"engine.launch = false needs engine.url, the base URL of a running {kind} "
+                          f"server (http://host:port), got {e.url!r}; set it, or set "
+                          "engine.launch = true to let clawrl start the server")
 
 
 def describe() -> str:
@@ -309,6 +372,6 @@ def describe() -> str:
     for section in SECTIONS:
         lines.append(f"[{section}]")
         for name, f in _section_fields(section).items():
-            default = f.default
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
             lines.append(f"  {f'{name} = {default!r}':<36} # {f.metadata['help']}")
     return "\n".join(lines)

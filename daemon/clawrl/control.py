@@ -37,9 +37,14 @@ async def feedback(request: Request) -> Response:
         raise RequestError("'reward' must be -1, 0 or 1", param="reward", code="invalid_value")
     if comment is not None and not isinstance(comment, str):
         raise RequestError("'comment' must be a string", param="comment", code="invalid_type")
-    user = request.headers.get("x-user-id") or body.get("user_id")
-    if user is not None and not isinstance(user, str):   # SQLite cannot bind an object: a 500
-        raise RequestError("'user_id' must be a string", param="user_id", code="invalid_type")
+    # As for chat requests: the header wins, both must be short strings (SQLite cannot bind an
+    # object: that was a 500).
+    header, user = request.headers.get("x-user-id"), body.get("user_id")
+    for v in (header, user):
+        if v is not None and (not isinstance(v, str) or len(v) > 256):
+            raise RequestError("'user_id' must be a string of at most 256 characters",
+                               param="user_id", code="invalid_value")
+    user = header or user
     found = await state.store.record_feedback(session_id, turn_id, int(reward),
                                               (comment or "").strip()[:4000] or None, user)
     if found is None:

@@ -43,7 +43,8 @@ def _limit(request: Request, default: int, most: int) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    # isdigit() alone takes "²" (which int() refuses) and 5000-digit numbers (which it refuses too).
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= most:
         raise RequestError(f"'limit' must be an integer from 1 to {most}", param="limit",
                            code="invalid_value")
     return int(raw)

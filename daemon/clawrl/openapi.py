@@ -62,8 +62,8 @@ ATTRIBUTION_HEADERS = [
     for name, text, schema in (
         ("X-Session-Id", "the conversation this turn belongs to (else derived from its opening)",
          {"type": "string", "maxLength": 256}),
-        ("X-Turn-Type", "main (user-driven, trainable) or side", {"type": "string",
-                                                                  "enum": ["main", "side"]}),
+        ("X-Turn-Type", "main (user-driven, trainable) or side; empty = main",
+         {"type": "string", "enum": ["main", "side", ""]}),
         ("X-Turn-Kind", "main, heartbeat, memory, cron, compaction, subagent, announce, ...",
          {"type": "string", "maxLength": 256}),
         ("X-User-Id", "whose turn and feedback this is", {"type": "string", "maxLength": 256}),
@@ -73,52 +73,60 @@ ATTRIBUTION_HEADERS = [
 ]
 
 
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def schemas(context_length: int) -> dict:
+    # Only what the daemon checks is constrained; fields it passes through or ignores are left
+    # open (the fuzzer's negative cases hold the daemon to every constraint written here).
     text_part = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-    tool_call = {"type": "object", "required": ["function"], "properties": {
-        "id": {"type": "string"}, "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string"}, "arguments": {"type": "string"}}}}}
+    tool_call = {"type": "object", "required": ["function"],
+                 "description": "{id, type: 'function', function: {name, arguments: JSON text}}",
+                 "properties": {"function": {"type": "object", "required": ["name"],
+                                             "properties": {"name": {"type": "string"}}}}}
     content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text_part}]}
     # Only an assistant message may carry tool calls, and then may leave its content null.
     message = {"anyOf": [
         {"type": "object", "required": ["role", "content"], "properties": {
             "role": {"enum": ["system", "developer", "user", "tool"]}, "content": content,
-            "tool_call_id": {"type": "string"}, "name": {"type": "string"}}},
+            "tool_calls": {"type": "null"}}},
         {"type": "object", "required": ["role", "content"], "properties": {
-            "role": {"const": "assistant"}, "content": content, "name": {"type": "string"}}},
+            "role": {"const": "assistant"}, "content": content, "tool_calls": {"type": "null"}}},
         {"type": "object", "required": ["role", "tool_calls"], "properties": {
-            "role": {"const": "assistant"}, "content": {"anyOf": [content, {"type": "null"}]},
-            "tool_calls": {"type": "array", "minItems": 1, "items": tool_call}}}]}
-    tool = {"type": "object", "required": ["function"], "properties": {
-        "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string", "minLength": 1}, "description": {"type": "string"},
-            "parameters": OPEN_OBJECT}}}}
+            "role": {"const": "assistant"}, "content": _nullable(content),
+            "tool_calls": {"type": "array", "items": tool_call}}}]}
+    tool = {"type": "object", "required": ["function"],
+            "description": "{type: 'function', function: {name, description, parameters}}",
+            "properties": {"function": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string", "minLength": 1}}}}}
     tokens = {"type": "integer", "minimum": 1, "maximum": context_length,
               "description": "completion budget; cut to what the context leaves after the prompt"}
+    attribution = {"type": "string", "maxLength": 256}
+    flag = {"type": ["boolean", "integer", "string"], "description": "true, 1, \"yes\", \"on\""}
+    # null is the same as leaving a field out, as with OpenAI.
     chat = {"type": "object", "required": ["messages"], "properties": {
-        "model": {"type": "string"},
         "messages": {"type": "array", "minItems": 1, "items": message},
-        "tools": {"type": "array", "items": tool},
-        "tool_choice": {},
-        "n": {"const": 1},
-        "max_tokens": tokens, "max_completion_tokens": tokens,
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "stop": {"anyOf": [{"type": "string"},
-                           {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
-        "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-        "seed": {"type": "integer", "minimum": -2**63, "maximum": 2**64 - 1},
-        "logprobs": {"type": "boolean"},
-        # Body fields of the attribution headers' names, for clients that cannot set headers.
-        "session_id": {"type": "string", "maxLength": 256},
-        "turn_type": {"enum": ["main", "side"]},
-        "turn_kind": {"type": "string", "maxLength": 256},
-        "user_id": {"type": "string", "maxLength": 256},
-        "session_done": {"type": "boolean"}, "no_train": {"type": "boolean"}}}
+        **{key: _nullable(schema) for key, schema in {
+            "model": {"type": "string"},
+            "tools": {"type": "array", "items": tool},
+            "n": {"const": 1},
+            "max_tokens": tokens, "max_completion_tokens": tokens,
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "stop": {"anyOf": [{"type": "string"},
+                               {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
+            "stream": {"type": "boolean"},
+            "stream_options": {"type": "object", "properties": {
+                "include_usage": _nullable({"type": "boolean"})}},
+            "seed": {"type": "integer", "minimum": -2**63, "maximum": 2**64 - 1},
+            "logprobs": {"type": "boolean"},
+            # The attribution headers' body twins, for clients that cannot set headers.
+            "session_id": attribution, "turn_kind": attribution, "user_id": attribution,
+            "turn_type": {"enum": ["main", "side", ""]},
+            "session_done": flag, "no_train": flag}.items()},
+        "tool_choice": {"description": "\"none\" drops the tools; anything else is ignored"}}}
     completion = {"type": "object", "required": ["id", "object", "choices", "usage"], "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion"},
         "created": {"type": "integer"}, "model": {"type": "string"},
@@ -132,10 +140,12 @@ def schemas(context_length: int) -> dict:
             "total_tokens": {"type": "integer"}}}}}
     feedback = {"type": "object", "required": ["session_id", "reward"], "properties": {
         "session_id": {"type": "string", "minLength": 1},
-        "turn_id": {"type": "integer", "description": "default: the session's last main turn"},
+        "turn_id": _nullable({"type": "integer",
+                              "description": "default: the session's last main turn"}),
         "reward": {"enum": [-1, 0, 1]},
-        "comment": {"type": "string", "description": "becomes the hint (first 4000 characters)"},
-        "user_id": {"type": "string"}}}
+        "comment": _nullable({"type": "string",
+                              "description": "becomes the hint (first 4000 characters)"}),
+        "user_id": _nullable({"type": "string", "maxLength": 256})}}
     skill_write = {"type": "object", "properties": {
         "name": {**SKILL_NAME, "description": "the skill's folder name"},
         "description": {"type": "string"}, "instructions": {"type": "string"},
@@ -159,14 +169,18 @@ def paths() -> dict:
     return {
         "/v1/chat/completions": {"post": _op(
             "OpenAI chat completion; `stream: true` answers server-sent events, one per token",
-            {"200": {"description": "the completion (or its event stream)", "content": {
+            {"502": _json(_ref("Error"), "a server engine (SGLang, vLLM) failed the request"),
+             "200": {"description": "the completion (or its event stream)", "content": {
                 JSON: {"schema": _ref("ChatCompletion")},
-                "text/event-stream": {"schema": {"type": "string"}}}}},
+                # Each event: a chat.completion.chunk as JSON, then the text [DONE].
+                "text/event-stream": {"schema": {"type": "object", "required": ["data"],
+                                                 "properties": {"data": {"type": "string"}}}}}}},
             parameters=ATTRIBUTION_HEADERS, requestBody=_body(_ref("ChatRequest")))},
         "/v1/models": {"get": _op("The served model", {"200": _json(OPEN_OBJECT)})},
         "/v1/feedback": {"post": _op("Explicit reward for a turn: overrides the judge",
                                      {"200": _json(OPEN_OBJECT)},
-                                     parameters=[ATTRIBUTION_HEADERS[3]],
+                                     parameters=[h for h in ATTRIBUTION_HEADERS
+                                                 if h["name"] == "X-User-Id"],
                                      requestBody=_body(_ref("Feedback")))},
         "/v1/sessions/{session_id}/end": {"post": _op(
             "The session is over: its last turn is judged with what is known",

@@ -9,7 +9,6 @@ whether it ended normally, at a stop string, by a client disconnect or by an err
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import control, dashboard, openapi, skills_api
+from .access import ApiKeyMiddleware
 from .chat_request import ChatRequest, attribute, parse_chat
 from .config import Config
 from .engines.base import Engine, Generation
@@ -170,6 +170,10 @@ async def _stream(turn: _Turn):
         # the moment it reads [DONE], and only complete turns are linked to one.
         await turn.record(status)
         yield "data: [DONE]\n\n"
+    except RequestError as e:  # a server engine went away mid-stream (502) or is down (503)
+        log.warning("generation failed: %s", e.message)
+        status, error = "failed", repr(e)
+        yield f"data: {json.dumps({'error': {**e.body()['error'], 'status': e.status}})}\n\n"
     except Exception as e:  # the engine failed mid-stream: tell the client in-band
         log.exception("generation failed")
         status, error = "failed", repr(e)
@@ -203,6 +207,10 @@ async def _complete(turn: _Turn) -> JSONResponse:
         async for _ in turn.deltas():
             pass
         status = "complete"
+    except RequestError as e:   # a server engine dropped the request (502) or is down (503)
+        log.warning("generation failed: %s", e.message)
+        status, error = "failed", repr(e)
+        return error_response(e)
     except Exception as e:
         log.exception("generation failed")
         status, error = "failed", repr(e)
@@ -238,13 +246,12 @@ async def chat_completions(request: Request) -> Response:
     if engine.queue_depth() >= state.cfg.engine.max_queue:
         raise RequestError("too many requests are waiting; retry shortly", status=503,
                            type="server_error", code="queue_full", headers={"Retry-After": "1"})
-    if req.max_tokens is not None and req.max_tokens > engine.context_length:
-        # A budget that fits the prompt is cut to fit (OpenClaw asks for its configured maxTokens
-        # whatever the prompt); one no prompt could fit is the caller's mistake.
-        param = ("max_completion_tokens" if body.get("max_completion_tokens") is not None
-                 else "max_tokens")
-        raise RequestError(f"'{param}' is {req.max_tokens}, more than this model's context length "
-                           f"of {engine.context_length} tokens", param=param, code="invalid_value")
+    for param in ("max_tokens", "max_completion_tokens"):
+        # A budget too large for the prompt is cut to fit (OpenClaw asks for its configured
+        # maxTokens whatever the prompt); one that no prompt could fit is the caller's mistake.
+        if (asked := body.get(param)) is not None and asked > engine.context_length:
+            raise RequestError(f"'{param}' is {asked}, more than this model's context length of "
+                               f"{engine.context_length} tokens", param=param, code="invalid_value")
     prompt_ids = await asyncio.to_thread(engine.render, req.messages, req.tools)
     budget = engine.context_length - len(prompt_ids)
     params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
@@ -315,45 +322,6 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse({"error": {"message": "internal error", "type": "server_error",
                                    "param": None, "code": None}}, status_code=500)
-
-
-class ApiKeyMiddleware:
-    """With an API key configured, every route but `/healthz` needs `Authorization: Bearer KEY`.
-
-    Liveness alone stays open: it says nothing but "a process answers", which a supervisor needs
-    without a secret. `/readyz` names the model, adapter and queue, so it is keyed like the rest.
-    A browser that opens `/dashboard` without the key gets a login page instead of the JSON error
-    (dashboard.login_page; SECURITY.md says why the key never travels in the URL).
-    """
-    OPEN = ("/healthz",)
-
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = api_key.encode("utf-8") if api_key else b""
-
-    def allowed(self, scope) -> bool:
-        scheme, _, token = _header(scope, b"authorization").partition(b" ")
-        # The scheme is case-insensitive (RFC 9110); the key is compared in constant time so that
-        # response timing says nothing about how much of a guess was right.
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
-
-    async def __call__(self, scope, receive, send):
-        if (scope["type"] == "http" and self.expected and scope["path"] not in self.OPEN
-                and not self.allowed(scope)):
-            if scope["path"] == "/dashboard" and b"text/html" in _header(scope, b"accept"):
-                resp = dashboard.login_page()
-            else:
-                resp = error_response(RequestError(
-                    "missing or wrong API key: send 'Authorization: Bearer <server.api_key>'",
-                    status=401, type="authentication_error", code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"}))
-            await resp(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _header(scope, name: bytes) -> bytes:
-    return next((v for k, v in scope["headers"] if k == name), b"")
 
 
 def build_app(state: DaemonState, lifespan=None) -> Starlette:

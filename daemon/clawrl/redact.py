@@ -39,11 +39,15 @@ BUILTIN: dict[str, str] = {
     # key = value, key: value, "key": "value" for names that hold nothing but secrets. Names like
     # `token` or `secret` alone are left out: code and prose use them for other things, and every
     # false alarm costs a turn of training data.
-    "secret assignment": r"(?i)\b(?:[a-z0-9]+[_-])*(?:api[_-]?key|apikey|secret[_-]?key|"
+    # The name may end a longer one (OPENAI_API_KEY); it is found where it starts, not by
+    # matching the prefix: a prefix pattern took quadratic time on text like "a-a-a-a-...".
+    "secret assignment": r"(?i)(?<![a-z0-9])(?:api[_-]?key|apikey|secret[_-]?key|"
                          r"secret[_-]?access[_-]?key|"
                          r"access[_-]?token|auth[_-]?token|refresh[_-]?token|client[_-]?secret|"
-                         r"private[_-]?key|password|passwd)\b[\"']?\s*[:=]\s*[\"']?"
-                         r"(?P<secret>[^\s\"'`,;(){}\[\]<>]{6,})",
+                         r"private[_-]?key|password|passwd)(?![a-z0-9])[\"']?\s*[:=]\s*[\"']?"
+                         # Possessive, and not itself a key: in "password: password: x" the
+                         # secret is x, not the second "password".
+                         r"(?P<secret>[^\s\"'`,;(){}\[\]<>]{6,}+)(?<!:)(?!\s*[:=])",
 }
 
 

@@ -93,13 +93,37 @@ def private_db(path: Path) -> None:
             _tighten(p, 0o600)
 
 
+WRITE_WAIT_S = 5.0   # as long as SQLite's busy timeout (connect_sync, Store.open)
+
+
+class WriteTurn:
+    """The store's writes take turns on its one connection, so that no statement lands inside
+    another coroutine's open transaction. A write that does not get its turn within `timeout`
+    fails the way SQLite's busy timeout does: while another process holds the write lock, every
+    write in the queue would otherwise wait out a full busy timeout after the one before it, and
+    the requests that record turns would wait longer the more of them there are."""
+
+    def __init__(self, timeout: float = WRITE_WAIT_S):
+        self.timeout = timeout
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise sqlite3.OperationalError(
+                f"database is locked: no turn to write within {self.timeout:g} s") from None
+
+    async def __aexit__(self, *exc) -> None:
+        self._lock.release()
+
+
 class Store:
     def __init__(self, db: aiosqlite.Connection, redactor: Redactor | None = None):
         self.db = db
         self.redactor = redactor if redactor is not None else Redactor.default()
-        # One connection serves every coroutine: writes take turns so that no statement lands
-        # inside another coroutine's open transaction.
-        self.lock = asyncio.Lock()
+        self.lock = WriteTurn()
 
     @classmethod
     async def open(cls, path: Path, redactor: Redactor | None = None) -> "Store":

@@ -20,6 +20,7 @@ import time
 from . import adapters
 from .background import BackgroundLoop
 from .config import Config
+from .engines.remote import AdapterRefused
 from .metrics import Metrics
 from .store import Store
 from .types import GenParams
@@ -67,16 +68,29 @@ class Swapper(BackgroundLoop):
                 raise
             except Exception:
                 log.exception("adapter watch pass failed; retrying")
+                await asyncio.sleep(1.0)   # e.g. a server engine restarting: do not spin
             await asyncio.sleep(POLL_S)
 
     async def _restore(self) -> None:
         """After a restart, serve what was active (if it is still good); versions written while
-        the daemon was down are considered next, like any new one."""
+        the daemon was down are considered next, like any new one.
+
+        ACTIVE is written when a new version goes live, SEEN once its canary is done. A daemon
+        killed in between left an ACTIVE ahead of SEEN (or, on the first swap, no SEEN at all):
+        that version has not passed its canary, so it is considered again like a new one, and
+        until then the newest good version decided before it serves."""
         versions = adapters.list_versions(self.root)
-        active = adapters.read_active(self.root)
-        self.seen = adapters.read_seen(self.root) or active or 0
+        active = adapters.read_active(self.root) or 0
+        seen = adapters.read_seen(self.root)
+        self.seen = max(active - 1, 0) if seen is None else seen
+        if active > self.seen:
+            active = max((v for v in adapters.good_versions(self.root) if v <= self.seen), default=0)
         if active and active in versions and adapters.rejection(self.root, active) is None:
-            await self._load(active)
+            try:
+                await self._load(active)
+            except AdapterRefused as e:
+                self._refused(active, e)
+                return
             self.engine.activate(active)
             self._event(active, "restored")
 
@@ -101,16 +115,27 @@ class Swapper(BackgroundLoop):
         # Serve it at once (the swap takes a load, ~0.3 s), then watch it answer: a collapsed
         # version is taken back within the canary's time (~1-2 s on this CPU) and never returns.
         previous = self.engine.adapter_version
-        await self._load(version)
+        try:
+            await self._load(version)
+        except AdapterRefused as e:   # a server engine would not take it (e.g. its rank)
+            self._refused(version, e)
+            return
         await self._switch(version, "activated")
         self.metrics.swapped_in(meta.get("created_at"))
         problem = await self._canary(version)
-        if problem:
+        if not problem:
+            self._event(version, "canary passed")   # the swap is over (tests wait for this)
+        else:
             adapters.reject(self.root, version, problem)
             self.metrics.rejections.labels("canary").inc()
             await self._switch(previous, f"restored after rejecting {version:04d}")
             await asyncio.wrap_future(self.engine.unload_adapter(version))
             self._event(version, "rejected", problem)
+
+    def _refused(self, version: int, e: AdapterRefused) -> None:
+        adapters.reject(self.root, version, str(e))
+        self.metrics.rejections.labels("engine").inc()
+        self._event(version, "rejected", str(e))
 
     async def _switch(self, version: int, event: str) -> None:
         previous = self.engine.adapter_version
@@ -151,7 +176,11 @@ class Swapper(BackgroundLoop):
                 reason = adapters.rejection(self.root, version)
                 if reason:
                     raise LookupError(f"adapter version {version} was rejected ({reason})")
-                await self._load(version)
+                try:
+                    await self._load(version)
+                except AdapterRefused as e:
+                    self._refused(version, e)
+                    raise LookupError(f"adapter version {version} was rejected ({e})") from None
             await self._switch(version, "activated by operator")
 
     async def rollback(self) -> int:

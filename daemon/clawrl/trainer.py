@@ -32,6 +32,7 @@ from . import adapters, models  # noqa: E402
 from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
                          topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
+from .engines.remote import TeacherUnavailable, remote_teacher  # noqa: E402
 from .samples import (Sample, connect, load_samples, log, reconcile, reward_of,  # noqa: E402
                       select_ready, write)
 from .teacher import teacher_prompt  # noqa: E402
@@ -39,7 +40,8 @@ from .teacher import teacher_prompt  # noqa: E402
 
 def _gather(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Log-probability of each token under its row of logits."""
-    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+    index = torch.tensor(tokens, device=logits.device)[:, None]
+    return torch.log_softmax(logits, dim=-1).gather(-1, index).squeeze(-1)
 
 
 class Abandoned(Exception):
@@ -58,8 +60,21 @@ class Trainer:
         if fixed:
             log(f"reconciled {fixed} turns with the versions on disk")
         torch.set_num_threads(cfg.train.threads)
-        bf16 = models.bf16_supported()
-        self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
+        self.device = torch.device("cpu")
+        if cfg.engine.train_gpus:      # a server engine's recipe gives the trainer its own GPU(s)
+            os.environ["CUDA_VISIBLE_DEVICES"] = cfg.engine.train_gpus   # before CUDA starts
+            if torch.cuda.is_available():
+                self.device = torch.device("cuda", 0)
+            else:
+                log(f"engine.train_gpus = {cfg.engine.train_gpus!r} but CUDA is not available "
+                    "to torch here; training on the CPU")
+        if self.device.type == "cuda":
+            self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        else:
+            bf16 = models.bf16_supported()
+            self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
+        # sglang / vllm: the frozen base model on the serving server scores the hinted context.
+        self.remote_teacher = remote_teacher(cfg)
         self.model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -79,6 +94,7 @@ class Trainer:
                                 category=FutureWarning)
         t0 = time.perf_counter()
         base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        base.to(self.device)
         t = self.cfg.train
         if parent is None:
             torch.manual_seed(0)   # the same first adapter from the same data
@@ -117,7 +133,7 @@ class Trainer:
 
         The last response token is not fed (nothing after it is scored) and only the response
         positions' logits are kept, which spares a (context x vocabulary) tensor."""
-        ids = torch.tensor([context + response[:-1]])
+        ids = torch.tensor([context + response[:-1]], device=self.device)
         with self.autocast():
             logits = self.model(input_ids=ids, logits_to_keep=len(response), use_cache=False).logits
         return logits[0].float()
@@ -130,7 +146,14 @@ class Trainer:
         """The frozen base, shown the hint, scores the served tokens (and, with opd.topk, keeps
         its K most likely tokens per position); stored on the turn once."""
         k = self.cfg.opd.topk
-        if s.teacher_logp is None or (k and s.teacher_topk is None):
+        if (s.teacher_logp is None or (k and s.teacher_topk is None)) and self.remote_teacher:
+            context = teacher_prompt(self.tokenizer, s.request, s.hint)
+            room = max(1, self.cfg.model.context_length - len(s.response_ids))
+            s.teacher_logp, top = self.remote_teacher(context[-room:], s.response_ids, k)
+            s.teacher_topk = top if k else None
+            write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
+                  [(json.dumps(s.teacher_logp), json.dumps(top) if k else None, s.id)])
+        elif s.teacher_logp is None or (k and s.teacher_topk is None):
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             with torch.no_grad(), self.model.disable_adapter():
                 logits = self.response_logits(context[-self.cfg.train.max_prompt_tokens:],
@@ -156,7 +179,7 @@ class Trainer:
         context = s.prompt_ids[-t.max_prompt_tokens:]
         teacher = None
         if s.hint and method.name != "rl":
-            teacher = torch.tensor(self.teacher_logprobs(s))
+            teacher = torch.tensor(self.teacher_logprobs(s), device=self.device)
         with torch.no_grad():
             old = self.logprobs(context, s.response_ids)
             ref = None
@@ -170,10 +193,12 @@ class Trainer:
             raise ValueError(f"turn {s.id} has no signal for method {method.name}")
         weights = None
         if s.served_logp is not None:
-            weights = truncated_is_weights(old, torch.tensor(s.served_logp), t.tis_cap)
+            weights = truncated_is_weights(old, torch.tensor(s.served_logp, device=self.device),
+                                           t.tis_cap)
         topk = None
         if teacher is not None and self.cfg.opd.topk and s.teacher_topk:
-            topk = (torch.tensor(s.teacher_topk["ids"]), torch.tensor(s.teacher_topk["logp"]))
+            topk = (torch.tensor(s.teacher_topk["ids"], device=self.device),
+                    torch.tensor(s.teacher_topk["logp"], device=self.device))
         return {"context": context, "response": s.response_ids, "old": old, "ref": ref,
                 "adv": guard_empty(adv, s.empty), "weights": weights, "topk": topk}
 
@@ -243,6 +268,9 @@ class Trainer:
                     batch.append(self.prepare(s))
                 except (Abandoned, sqlite3.Error):
                     raise
+                except TeacherUnavailable as e:   # the serving server is down: not the turn's fault
+                    log(f"{e}; trying again in a moment")
+                    return None
                 except Exception as e:   # a turn the model cannot take (bad ids, too long, ...)
                     log(f"turn {s.id} cannot be trained ({type(e).__name__}: {e}); skipped")
                     write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?", [(s.id,)])

@@ -1,0 +1,1 @@
+"""Protocol doubles of servers that cannot run here (see each module)."""

