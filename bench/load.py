@@ -87,6 +87,13 @@ def resources(pid: int) -> dict:
             "rss_mib": round(int(fields["VmRSS"].split()[0]) / 1024, 1)}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def readyz(url: str) -> dict:
     return httpx.get(f"{url}/readyz", timeout=30).json()
 
@@ -176,7 +183,8 @@ async def client_loop(url: str, seed: int, until: float, disconnect: float,
                                  limits=httpx.Limits(max_connections=1)) as client:
         n = 0
         while time.monotonic() < until:
-            session, messages = f"load-{seed}-{n}", [{"role": "user", "content": rng.choice(QUESTIONS)}]
+            session = f"load-{seed}-{n}"
+            messages = [{"role": "user", "content": rng.choice(QUESTIONS)}]
             n += 1
             for _ in range(4):
                 if time.monotonic() >= until:
@@ -238,6 +246,10 @@ def summarize(results: list[Result], wall: float) -> dict:
 
 # -- main ------------------------------------------------------------------------------------------
 
+def fmt(x, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def print_table(res: dict) -> None:
     b, lo, m = res["baseline"], res["load"], res["meta"]
     print(f"load benchmark: {m['clients']} clients x {m['seconds']} s against `clawrl serve` "
@@ -246,10 +258,12 @@ def print_table(res: dict) -> None:
     print(f"    {'':34}{'baseline (1 client)':>22}{'load':>14}{'ratio':>9}")
     for key, label in (("throughput_rps", "completed responses/s"), ("tokens_per_s", "tokens/s"),
                        ("p50_ms", "latency p50 (ms)"), ("p99_ms", "latency p99 (ms)"),
-                       ("ttft_p50_ms", "stream TTFT p50 (ms)"), ("ttft_p99_ms", "stream TTFT p99 (ms)")):
+                       ("ttft_p50_ms", "stream TTFT p50 (ms)"),
+                       ("ttft_p99_ms", "stream TTFT p99 (ms)"),
+                       ("daemon_cpu_cores", "daemon CPU (cores busy)"),
+                       ("daemon_cpu_ms_per_completed", "daemon CPU per response (ms)")):
         ratio = res["ratios"].get(key)
-        print(f"    {label:34}{b[key] if b[key] is not None else '-':>22}{lo[key] if lo[key] is not None else '-':>14}"
-              f"{f'{ratio:.2f}' if ratio is not None else '-':>9}")
+        print(f"    {label:34}{fmt(b[key]):>22}{fmt(lo[key]):>14}{fmt(ratio, '.2f'):>9}")
     print(f"    requests {lo['requests']}: by status {lo['by_status']}, by kind {lo['by_kind']}")
     print(f"    refused {lo['refused']} (with Retry-After: {lo['refused_with_retry_after']}), "
           f"client errors {lo['client_errors']}, other statuses {lo['other_status']}")
@@ -267,7 +281,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=60, help="load duration (default 60)")
     p.add_argument("--baseline-seconds", type=float, default=10,
                    help="single-client baseline duration (default 10)")
-    p.add_argument("--max-concurrent", type=int, default=4, help="engine.max_concurrent (default 4)")
+    p.add_argument("--max-concurrent", type=int, default=4,
+                   help="engine.max_concurrent (default 4)")
     p.add_argument("--max-queue", type=int, default=16, help="engine.max_queue (default 16)")
     p.add_argument("--disconnect", type=float, default=0.2,
                    help="share of streams dropped after their first chunk (default 0.2)")
@@ -308,11 +323,14 @@ def main(argv=None) -> int:
         asyncio.run(run_clients(url, 8, 2.0, args.disconnect, 10_000 + args.seed))
         before = settle(url, proc.pid, {"fds": 10**9})
         say(f"baseline: 1 client, {args.baseline_seconds:g} s")
+        cpu0 = cpu_seconds(proc.pid)
         base, base_wall = asyncio.run(run_clients(url, 1, args.baseline_seconds, 0.0,
                                                   20_000 + args.seed))
         say(f"load: {args.clients} clients, {args.seconds:g} s")
+        cpu1 = cpu_seconds(proc.pid)
         loaded, wall = asyncio.run(run_clients(url, args.clients, args.seconds, args.disconnect,
                                                args.seed))
+        cpu2 = cpu_seconds(proc.pid)
         after = resources(proc.pid)
         say("settling")
         settled = settle(url, proc.pid, before)
@@ -320,9 +338,15 @@ def main(argv=None) -> int:
             "model": "scripted", "max_tokens": 64,
             "messages": [{"role": "user", "content": "Still there?"}]})
         results = {"baseline": summarize(base, base_wall), "load": summarize(loaded, wall)}
+        for phase, cpu, w in (("baseline", cpu1 - cpu0, base_wall), ("load", cpu2 - cpu1, wall)):
+            # Where the daemon's CPU went: per completed response, and cores kept busy.
+            results[phase]["daemon_cpu_cores"] = round(cpu / w, 2)
+            results[phase]["daemon_cpu_ms_per_completed"] = (
+                round(1000 * cpu / results[phase]["completed"], 1)
+                if results[phase]["completed"] else None)
         results["ratios"] = {k: round(results["load"][k] / results["baseline"][k], 3)
                              for k in ("throughput_rps", "tokens_per_s", "p50_ms", "p99_ms",
-                                       "ttft_p50_ms", "ttft_p99_ms")
+                                       "ttft_p50_ms", "ttft_p99_ms", "daemon_cpu_ms_per_completed")
                              if results["load"][k] and results["baseline"][k]}
         results["daemon"] = {"pid": proc.pid, "before": before, "after_load": after,
                              "settled": settled}

@@ -291,7 +291,8 @@ class CrashRounds:
                     time.sleep(0.02)
                     continue
                 want, step_deadline = int(steps[-1]), time.time() + 30
-                while time.time() < step_deadline and not adapters.version_dir(self.root, want).exists():
+                written = adapters.version_dir(self.root, want)
+                while time.time() < step_deadline and not written.exists():
                     if any(n.startswith(".tmp-") for n in os.listdir(self.root)):
                         time.sleep(rng.uniform(0, 0.002))
                         return
@@ -412,8 +413,8 @@ class CrashRounds:
         def settled():
             c = sqlite3.connect(db)
             try:
-                judge = c.execute(f"SELECT count(*) FROM turns WHERE {AWAITING_JUDGE}").fetchone()[0]
-                train = c.execute(f"SELECT count(*) FROM turns WHERE {AWAITING_TRAINER}").fetchone()[0]
+                judge, train = (c.execute(f"SELECT count(*) FROM turns WHERE {w}").fetchone()[0]
+                                for w in (AWAITING_JUDGE, AWAITING_TRAINER))
             finally:
                 c.close()
             newest = adapters.newest(self.root) or 0
@@ -480,9 +481,10 @@ def test_sigkill_rounds_lose_nothing_and_let_nothing_half_done_in(scripted_chat_
     assert not missed, f"no kill landed in {missed}; hits: {dict(kit.hits)}"
 
 
-# -- a daemon killed while a new version's canary ran -----------------------------------------------
+# -- a daemon killed while a new version's canary ran ----------------------------------------------
 
-def write_adapter(model: Path, root: Path, version: int, parent: int | None, collapsed: bool) -> None:
+def write_adapter(model: Path, root: Path, version: int, parent: int | None,
+                  collapsed: bool) -> None:
     """A LoRA version of the scripted model on its lm_head: a no-op, or one whose every answer is
     empty (its delta puts end-of-turn far ahead from the first step on)."""
     import torch
@@ -504,7 +506,8 @@ def write_adapter(model: Path, root: Path, version: int, parent: int | None, col
                            {"parent": parent, "samples": [], "loss": 0.0})
 
 
-def test_a_version_killed_mid_canary_is_checked_again_before_it_serves(scripted_chat_model, tmp_path):
+def test_a_version_killed_mid_canary_is_checked_again_before_it_serves(scripted_chat_model,
+                                                                        tmp_path):
     """ACTIVE names a version whose canary never finished (ahead of SEEN, or no SEEN at all after
     a first swap): after the restart it is not trusted but checked again, and a collapsed one is
     rejected while the version before it serves."""

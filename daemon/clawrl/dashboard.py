@@ -195,9 +195,11 @@ async def rewards(request: Request) -> Response:
     points = await _read(request, read_rewards, _limit(request, 2000, 20000))
     swapper = state.swapper
     versions = (await asyncio.to_thread(swapper.status))["versions"] if swapper else []
-    # Every swapper event but a rejection is a switch of the live version; they are kept since
-    # `started`, so the page marks older versions where they were made instead.
-    activations = [e for e in (swapper.events if swapper else []) if e["event"] != "rejected"]
+    # Every swapper event but a rejection or a passed canary (which follows its activation) is a
+    # switch of the live version; they are kept since `started`, so the page marks older versions
+    # where they were made instead.
+    activations = [e for e in (swapper.events if swapper else [])
+                   if e["event"] not in ("rejected", "canary passed")]
     return JSONResponse({
         "points": points,
         "versions": [{k: v[k] for k in ("version", "created_at", "rejected")} for v in versions],

@@ -84,7 +84,8 @@ class Swapper(BackgroundLoop):
         seen = adapters.read_seen(self.root)
         self.seen = max(active - 1, 0) if seen is None else seen
         if active > self.seen:
-            active = max((v for v in adapters.good_versions(self.root) if v <= self.seen), default=0)
+            good = [v for v in adapters.good_versions(self.root) if v <= self.seen]
+            active = good[-1] if good else 0
         if active and active in versions and adapters.rejection(self.root, active) is None:
             try:
                 await self._load(active)
@@ -96,7 +97,14 @@ class Swapper(BackgroundLoop):
 
     async def _load(self, version: int) -> None:
         if version and version not in self.engine.loaded_adapters:
-            await asyncio.wrap_future(self.engine.load_adapter(version, adapters.version_dir(self.root, version)))
+            path = adapters.version_dir(self.root, version)
+            # A version written for another engine (local PEFT weights vs a Tinker pointer) is
+            # refused, so it is marked REJECTED once instead of failing every pass.
+            serves = getattr(self.engine, "adapter_kind", adapters.PEFT_KIND)
+            if adapters.kind(path) != serves:
+                raise AdapterRefused(f"adapter {version:04d} is a {adapters.kind(path)} version; "
+                                     f"this engine serves {serves} versions")
+            await asyncio.wrap_future(self.engine.load_adapter(version, path))
 
     async def _consider(self, version: int) -> None:
         if adapters.rejection(self.root, version) is not None:

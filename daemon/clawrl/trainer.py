@@ -8,7 +8,8 @@ format is adapters.py; the schema is migrations.py (the daemon applies it, not t
 Crash safety: a version is written to a temp folder and renamed (adapters.write_version); only
 then are its turns marked trained, in one transaction. A crash before the rename leaves the turns
 ready and they are trained again; a crash between the rename and the mark is repaired on the next
-start from the `samples` list in each version's meta.json. So no turn is lost, and none is
+start from the `samples` list in each version's meta.json, and a mark that fails (the turn log
+locked past its timeout, or its disk full) before the next step. So no turn is lost, and none is
 trained into two versions.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Trainer:
         self.cfg, self.stop = cfg, stop or threading.Event()
         self.root = cfg.adapters_dir
         self.db = connect(cfg.db_path)
+        self.unmarked = False   # a version is on disk whose turns are not marked trained yet
         adapters.clean_temp(self.root)
         fixed = reconcile(self.db, self.root)
         if fixed:
@@ -249,6 +251,9 @@ class Trainer:
         if good != self.parent:   # a rollback, a rejection or an abandoned step
             log(f"continuing from {f'version {good:04d}' if good else 'the base model'}")
             self.load(good)
+        if self.unmarked:   # mark what the last version took before choosing again
+            reconcile(self.db, self.root)
+            self.unmarked = False
         ready = select_ready(self.db, cfg.method.name)
         if len(ready) < cfg.train.batch_size:
             return None
@@ -296,10 +301,12 @@ class Trainer:
                        "method": dataclasses.asdict(cfg.method)},
         }
         adapters.write_version(self.root, version, self.model.save_pretrained, meta)
-        # Only after the rename: a crash in between is repaired by reconcile() on restart.
+        self.parent, self.unmarked = version, True   # the weights in memory are this version's
+        # Only after the rename: a crash in between is repaired by reconcile() on restart, a
+        # failure here by reconcile() before the next step.
         write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
               [(version, s.id) for s in samples])
-        self.parent = version
+        self.unmarked = False
         if self.baseline:   # the batch used the baseline from before it; now fold its rewards in
             for s in samples:
                 if s.reward:
@@ -315,9 +322,17 @@ class Trainer:
         self.db.close()
 
 
+def make_trainer(cfg: Config, stop: threading.Event | None = None):
+    """This module's trainer, or on engine.kind = "tinker" the one that trains on Tinker."""
+    if cfg.engine.kind == "tinker":
+        from .tinker_trainer import TinkerTrainer
+        return TinkerTrainer(cfg, stop)
+    return Trainer(cfg, stop)
+
+
 def run_once(cfg: Config) -> int | None:
     """One training step in a fresh trainer (for tests and one-off use)."""
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     try:
         return trainer.step()
     finally:
@@ -337,7 +352,7 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
-    trainer = Trainer(cfg, stop)
+    trainer = make_trainer(cfg, stop)
     log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
     parent = int(os.environ.get("CLAWRL_PARENT_PID") or 0)

@@ -1,7 +1,7 @@
 """Serving engines; `make_engine` picks one by recipe (engine.kind).
 
 embedded: transformers in this process. sglang / vllm: a server process over HTTP (remote.py).
-tinker is refused by config._check in this release.
+tinker: the Tinker service through its SDK (tinker.py).
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def make_engine(cfg: Config) -> Engine:
     if cfg.engine.kind == "vllm":
         from .vllm import VLLMEngine
         return VLLMEngine(cfg)
+    if cfg.engine.kind == "tinker":
+        from .tinker import TinkerEngine
+        return TinkerEngine(cfg)
     raise NotImplementedError(cfg.engine.kind)  # config._check refuses other kinds first
 
 
