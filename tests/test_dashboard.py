@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import adapters, dashboard
+from clawrl import adapters
 from conftest import REPO, Daemon, make_home
 from test_swap import make_adapter
 
@@ -80,8 +80,12 @@ def lab(tmp_path_factory):
     skill.mkdir(parents=True)
     (skill / "SKILL.md").write_text("---\nname: weather\ndescription: Look up the forecast.\n---\n"
                                     "Use the forecast tool.\n")
+    # And one skill of clawrl's own, published by skill_bridge into that same workspace.
+    ours = home / "skills" / "units"
+    ours.mkdir(parents=True)
+    (ours / "SKILL.md").write_text("---\nname: units\ndescription: Use metric units.\n---\nSay km.\n")
     d = Daemon(home, env={"CLAWRL_SERVER_API_KEY": KEY, "OPENCLAW_STATE_DIR": str(home / "openclaw"),
-                          "OPENCLAW_CONFIG_PATH": ""}).start()
+                          "OPENCLAW_CONFIG_PATH": "", "CLAWRL_SKILLS_TARGET": ""}).start()
     try:
         alpha, beta = Conversation(d.url, "alpha"), Conversation(d.url, "beta")
         t = {"a1": alpha.say("What is two plus two?"),
@@ -162,14 +166,14 @@ def test_rewards_carry_adapter_versions_and_activations(lab):
     assert all(v["created_at"] <= went_live[v["version"]] for v in data["versions"])
 
 
-def test_skills_lists_the_openclaw_workspace_folder(lab, tmp_path, monkeypatch):
+def test_skills_lists_the_openclaw_workspace_folder(lab):
     data = get(lab, "/v1/dashboard/skills")
     assert Path(data["folder"]) == lab.home / "openclaw" / "workspace" / "skills"
-    assert data["skills"] == [{"name": "weather", "description": "Look up the forecast.",
-                               "folder": "weather"}]
-    monkeypatch.setenv("OPENCLAW_STATE_DIR", str(tmp_path))
-    monkeypatch.delenv("OPENCLAW_CONFIG_PATH", raising=False)
-    assert dashboard.skills_folder() is None               # the page then says "no skills yet"
+    assert data["skills"] == [
+        {"name": "units", "description": "Use metric units.", "folder": "units", "managed": True,
+         "status": "published", "issues": []},
+        {"name": "weather", "description": "Look up the forecast.", "folder": "weather",
+         "managed": False, "status": None, "issues": []}]
 
 
 def test_data_endpoints_and_the_page_need_the_key(lab):

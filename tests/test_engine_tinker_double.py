@@ -226,17 +226,22 @@ def test_tinker_double_teacher_scores_with_compute_logprobs_on_the_base_sampler(
 def test_tinker_double_feedback_trains_on_tinker_and_the_new_sampler_serves(ctx):
     """The whole loop on Tinker: serve, feedback with a hint, the trainer scores the teacher on the
     base sampler, recomputes old logprobs (forward), trains with per-token advantages (ppo
-    forward_backward + optim_step), saves state and sampler weights; the daemon samples from them."""
+    forward_backward + optim_step), saves state and sampler weights; the daemon samples from them.
+    Tinker failing in the middle of the step costs a retry after a backoff, not the turn."""
     question = "What is the capital of France?"
     r = chat(ctx.url, question, "tinker-loop", max_tokens=12)
     assert r.status_code == 200, r.text
     turn = int(r.headers["x-clawrl-turn-id"])
     ctx.daemon.wait_turn(turn)
+    control(ctx.root, fail={"forward_backward": {"id": "train-blip", "error": "internal", "times": 1}})
     fb = httpx.post(f"{ctx.url}/v1/feedback", timeout=30, json={
         "session_id": "tinker-loop", "reward": -1,
         "comment": "Answer with the single word Paris and nothing else."})
     assert fb.status_code == 200, fb.text
-    wait_active(ctx.url, 1, timeout=300)
+    try:
+        wait_active(ctx.url, 1, timeout=300)
+    finally:
+        control(ctx.root)
     row = ctx.daemon.turn(turn)
     assert row["train_status"] == "trained" and row["trained_adapter"] == 1
     prompt, response = json.loads(row["prompt_ids"]), json.loads(row["response_ids"])
@@ -246,7 +251,9 @@ def test_tinker_double_feedback_trains_on_tinker_and_the_new_sampler_serves(ctx)
     scored = [e for e in t.events("compute_logprobs") if e["last_n"] == len(response)
               and e["model_path"] is None and e["pid"] != ctx.daemon.proc.pid]
     assert scored, "the trainer never scored the teacher on the base sampler"
-    made = t.events("training_client")[0]
+    assert [e["op"] for e in t.events("fail")] == ["forward_backward"]
+    first, made = t.events("training_client")     # the step that failed is redone on a fresh client
+    assert first["from_state"] is None and made["from_state"] is None
     assert made["rank"] == 16 and made["layers"] == {"train_mlp": True, "train_attn": True,
                                                      "train_unembed": False}
     forward = [e for e in t.events("forward") if e["run"] == made["run"]][0]

@@ -68,7 +68,8 @@ class EngineConfig:
     train_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the trainer, e.g. '1'; it trains "
                          "on the first one; empty = the trainer runs on the CPU")
     startup_timeout_s: float = _f(900.0, "sglang/vllm: how long the server may take to answer "
-                                  "/health after a (re)start (weights, CUDA graphs)", minimum=1.0)
+                                  "/health after a (re)start (weights, CUDA graphs); tinker: how "
+                                  "long to keep trying to reach Tinker at start-up", minimum=1.0)
     # -- tinker: the Tinker service does the compute (engines/tinker.py, tinker_trainer.py) --
     base_model: str = _f("", "tinker: the base model Tinker samples and trains, e.g. Qwen/Qwen3-8B; "
                          "empty = model.name")

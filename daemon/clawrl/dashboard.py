@@ -19,12 +19,11 @@ import sqlite3
 from importlib import resources
 from pathlib import Path
 
-import json5
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from . import openclaw_config
+from . import skills as skills_module
 from .chat_format import content_text
 from .errors import RequestError
 from .store import connect_sync
@@ -129,20 +128,6 @@ def read_rewards(db: sqlite3.Connection, limit: int) -> list[dict]:
             for r in reversed(rows)]
 
 
-def skills_folder() -> Path | None:
-    """The OpenClaw workspace's skills/ folder, when there is one (clawrl writes no skills yet)."""
-    config = openclaw_config.default_path()
-    workspace = None
-    if config.exists():
-        try:
-            doc = json5.loads(config.read_text() or "{}")
-            workspace = doc.get("agents", {}).get("defaults", {}).get("workspace")
-        except (ValueError, AttributeError, OSError):
-            workspace = None
-    folder = Path(workspace or config.parent / "workspace").expanduser() / "skills"
-    return folder if folder.is_dir() else None
-
-
 def read_skills(folder: Path, most: int = 100) -> list[dict]:
     """Each skill folder with a SKILL.md: its name and description from the YAML front matter."""
     skills = []
@@ -208,10 +193,31 @@ async def rewards(request: Request) -> Response:
         "started": state.started})
 
 
+def skill_states(state, folder: Path) -> list[dict]:
+    """The skills OpenClaw loads from `folder`, each marked as clawrl's or not, with skill_bridge's
+    state; plus clawrl skills that are not live because they do not validate or clash."""
+    found = read_skills(folder) if folder.is_dir() else []
+    if state.skills is None:
+        return [{**s, "managed": False, "status": None, "issues": []} for s in found]
+    versions = skills_module.latest_versions(state.cfg.db_path)
+    in_force = state.skills.in_force()
+    out = [{**s, "managed": s["folder"] in in_force,
+            "status": versions.get(s["folder"], {}).get("status") if s["folder"] in in_force else None,
+            "issues": versions.get(s["folder"], {}).get("issues", []) if s["folder"] in in_force else []}
+           for s in found]
+    live = {s["folder"] for s in found}
+    out += [{"name": name, "description": "", "folder": None, "managed": True, "status": v["status"],
+             "issues": v["issues"]}
+            for name, v in versions.items() if name not in live and v["status"] in ("error", "conflict")]
+    return out
+
+
 async def skills(request: Request) -> Response:
-    folder = await asyncio.to_thread(skills_folder)
-    found = await asyncio.to_thread(read_skills, folder) if folder else []
-    return JSONResponse({"folder": str(folder) if folder else None, "skills": found})
+    state = request.app.state.daemon
+    folder = state.skills.target if state.skills else skills_module.target_folder(state.cfg)
+    found = await asyncio.to_thread(skill_states, state, folder)
+    return JSONResponse({"folder": str(folder), "source": str(state.skills.source) if state.skills
+                         else None, "skills": found})
 
 
 def routes() -> list[Route]:

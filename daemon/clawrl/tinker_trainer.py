@@ -113,6 +113,7 @@ class TinkerTrainer:
         self.lineage: int | None = None   # the same, when its Tinker state could be resumed
         self.retry_at, self.backoff = 0.0, BACKOFF_START
         self.unmarked = False   # a version is on disk whose turns are not marked trained yet
+        self.dirty = False      # Tinker's policy has updates that no version holds
         self.baseline = self.history_baseline() if cfg.train.baseline_decay > 0 else None
 
     def load(self, parent: int | None) -> None:
@@ -128,11 +129,12 @@ class TinkerTrainer:
                 log(f"version {parent:04d} has no Tinker training state; starting a new LoRA")
                 ref = None
         if ref:
-            self.training = resolved(
-                self.service.create_training_client_from_state_with_optimizer(ref["state_path"]))
+            self.training = resolved(self.service.create_training_client_from_state_with_optimizer(
+                ref["state_path"]), TRAIN_TIMEOUT_S)
         else:
             self.training = resolved(self.service.create_lora_training_client(
-                base_model=self.base_model, rank=t.lora_r, seed=0, **tinker_layers(t.lora_targets)))
+                base_model=self.base_model, rank=t.lora_r, seed=0, **tinker_layers(t.lora_targets)),
+                TRAIN_TIMEOUT_S)
         self.parent, self.lineage = parent, parent if ref else None
         log(f"{self.base_model} + LoRA from {f'version {parent:04d}' if ref else 'a new adapter'} "
             f"ready on Tinker in {time.perf_counter() - t0:.1f} s")
@@ -222,6 +224,7 @@ class TinkerTrainer:
         epochs = []
         for _ in range(t.epochs):
             self.check_stop()
+            self.dirty = True
             backward = self.training.forward_backward(datums, "ppo", clip)
             step = self.training.optim_step(adam)        # queued behind it, as Tinker intends
             out = self._call("forward_backward", backward)
@@ -252,10 +255,7 @@ class TinkerTrainer:
         Tinker unavailable: then the next try waits, doubling up to BACKOFF_MAX)."""
         if time.monotonic() < self.retry_at:
             return None
-        good = adapters.newest_good(self.root)
         try:
-            if good != self.parent:   # first step, a rollback, a rejection or an abandoned step
-                self.load(good)
             version = self._step()
         except Exception as e:
             if not (isinstance(e, TinkerUnavailable) or retryable(e)):
@@ -263,7 +263,8 @@ class TinkerTrainer:
             self.retry_at = time.monotonic() + self.backoff
             log(f"{e}; trying again in {self.backoff:.0f} s")
             self.backoff = min(BACKOFF_MAX, self.backoff * 2)
-            self.parent = -1          # an optimizer step may have landed: reload before the next
+            if self.dirty:            # an optimizer step may have landed: reload before the next
+                self.parent, self.dirty = -1, False
             return None
         self.backoff = BACKOFF_START
         return version
@@ -279,6 +280,11 @@ class TinkerTrainer:
         samples = load_samples(self.db, ready[:cfg.train.batch_size])
         if len(samples) < cfg.train.batch_size:
             return None
+        # Only now (a training client on Tinker holds resources): the first step, or after a
+        # rollback, a rejection or an abandoned step.
+        good = adapters.newest_good(self.root)
+        if good != self.parent:
+            self.load(good)
         version = (adapters.newest(self.root) or 0) + 1
         lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)
         log(f"training step on Tinker, {len(samples)} samples (turns {[s.id for s in samples]})"
@@ -299,7 +305,8 @@ class TinkerTrainer:
                 raise Abandoned(f"parent {self.lineage:04d} was rejected during the step")
         except Abandoned as e:
             log(f"step abandoned ({e}); nothing written")
-            self.parent = -1   # Tinker's weights may be half-updated: reload before the next step
+            if self.dirty:     # Tinker's weights may be half-updated: reload before the next step
+                self.parent, self.dirty = -1, False
             return None
         rewards = [s.reward for s in samples if s.reward is not None]
         meta = {
@@ -316,6 +323,7 @@ class TinkerTrainer:
         }
         adapters.write_version(self.root, version, adapters.save_remote(ref), meta)
         self.parent = self.lineage = version          # Tinker's policy is this version now
+        self.dirty = False
         self.unmarked = True      # a failed mark is repaired by reconcile() before the next step
         write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
               [(version, s.id) for s in samples])

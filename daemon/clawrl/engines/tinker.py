@@ -2,8 +2,8 @@
 
 SDK facts this module follows (the `tinker` package 0.38: `lib/public_interfaces/service_client.py`,
 `sampling_client.py`, `api_future.py`, `types/sampled_sequence.py`, `types/_pydantic_types/
-sampling_params.py`, `_exceptions.py`, `lib/retry_handler.py`; the documentation pages "Training and
-Sampling" and "Saving and loading"):
+sampling_params.py`, `_exceptions.py`, `lib/retry_handler.py`; tinker-cookbook's docs pages
+`training-sampling.mdx`, `save-load.mdx` and `renderers.py` `parse_response_for_stop_token`):
 
 * `tinker.ServiceClient()` reads the API key from `TINKER_API_KEY`. `create_sampling_client(
   base_model=...)` or `(model_path="tinker://...")` returns a future of a `SamplingClient`
@@ -14,20 +14,18 @@ Sampling" and "Saving and loading"):
   ("stop" | "length"), plus `prompt_cache_hit_tokens`. `stop` as a list of ints stops at those
   token ids (the chat template's end-of-turn token); the stop token is part of `tokens`.
   Cancelling the future's `concurrent.futures.Future` cancels the request.
-* Tinker samples whole sequences: there is no token stream. clawrl sends a response to the client
-  in one burst when the sample completes (still one SSE chunk per token, each token's id and
-  logprob exactly as Tinker returned them); time to first token is the whole sampling time.
+* Tinker samples whole sequences, not token streams: a response reaches the client in one burst
+  when the sample completes (one SSE chunk per token, ids and logprobs exactly as returned).
 * `SamplingClient.compute_logprobs(ModelInput, prompt_logprobs_last_n=N)` scores the last N prompt
   tokens (earlier entries are None): the teacher scores the served tokens with it, on a sampler of
   the frozen base model.
-* `get_tokenizer()` loads the base model's tokenizer from the Hugging Face Hub by name
-  (`model.source = "tinker"`); any other `model.source` is a local folder with the tokenizer files.
+* `get_tokenizer()` loads the base model's tokenizer by name (`model.source = "tinker"`); any
+  other `model.source` is a local folder with the tokenizer files.
 * Errors: `APIConnectionError` / `APITimeoutError`, `APIStatusError` with `status_code`
   (`RateLimitError` 429, `InternalServerError` 5xx, `BadRequestError` 400, ...), and
-  `RequestFailedError` for a request that failed on the service. The SDK would retry connection
-  errors and 408/409/429/5xx for up to two hours (`RetryConfig.progress_timeout`): clawrl turns that
-  off (`RetryConfig(enable_retry_logic=False)`) and retries itself, a few times with doubling
-  backoff, so a client waits seconds, not hours.
+  `RequestFailedError`. The SDK would retry connection errors and 408/409/429/5xx for up to two
+  hours (`RetryConfig.progress_timeout`): clawrl turns that off (`RetryConfig(enable_retry_logic=
+  False)`) and retries a few times itself, so a client waits seconds, not hours.
 
 Adapter versions are remote (adapters.REMOTE): `remote.json` names the sampler weights the trainer
 saved on Tinker (tinker_trainer.py); loading one creates a sampling client for that path, new
@@ -87,9 +85,9 @@ def no_sdk_retries():
         return None
 
 
-def resolved(value):
+def resolved(value, timeout: float = CONTROL_TIMEOUT_S):
     """A client from a client-creation call: newer SDKs return a future of it, older the client."""
-    return value.result(CONTROL_TIMEOUT_S) if hasattr(value, "future") else value
+    return value.result(timeout) if hasattr(value, "future") else value
 
 
 def base_model_name(cfg: Config) -> str:
@@ -121,10 +119,6 @@ def load_tokenizer(cfg: Config, base_sampler) -> tuple[object, set[int]]:
 
 # -- errors -------------------------------------------------------------------------------------------
 
-def _status(e: BaseException) -> int | None:
-    return getattr(e, "status_code", None)
-
-
 def retryable(e: BaseException) -> bool:
     import tinker
     if isinstance(e, (tinker.APIConnectionError, asyncio.TimeoutError, TimeoutError)):
@@ -148,9 +142,9 @@ def as_request_error(e: BaseException, tries: int, retry_after: float) -> Reques
     import tinker
     why = f"{type(e).__name__}: {e}".strip()
     if isinstance(e, (tinker.APIConnectionError, asyncio.TimeoutError, TimeoutError)) \
-            or _status(e) in (408, 429, 503):
+            or getattr(e, "status_code", None) in (408, 429, 503):
         return unavailable(f"{why}, after {tries} tries", retry_after)
-    if retryable(e) or (isinstance(e, tinker.APIStatusError) and _status(e) in (401, 402, 403, 404)):
+    if retryable(e) or (isinstance(e, tinker.APIStatusError) and e.status_code in (401, 402, 403, 404)):
         return RequestError(f"Tinker failed the request ({why}, after {tries} tries); retry in a few "
                             "seconds", status=502, type="server_error", code="engine_error",
                             headers={"Retry-After": str(max(1, math.ceil(retry_after)))})
@@ -208,13 +202,24 @@ class TinkerEngine:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def load(self) -> None:
+        """A sampler of the base model (tried until engine.startup_timeout_s while Tinker cannot
+        be reached), and the tokenizer."""
         self.service = self.service_factory()
-        try:
-            base = resolved(self.service.create_sampling_client(base_model=self.base_model,
-                                                                 retry_config=no_sdk_retries()))
-        except Exception as e:
-            raise ModelError(f"Tinker could not start a sampler for {self.base_model!r} "
-                             f"(engine.base_model): {type(e).__name__}: {e}") from None
+        deadline = time.monotonic() + self.cfg.engine.startup_timeout_s
+        delay = BACKOFF_START
+        while True:
+            try:
+                base = resolved(self.service.create_sampling_client(base_model=self.base_model,
+                                                                     retry_config=no_sdk_retries()))
+                break
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+                if not retryable(e) or time.monotonic() + delay > deadline:
+                    raise ModelError(f"Tinker could not start a sampler for {self.base_model!r} "
+                                     f"(engine.base_model): {why}") from None
+                log.warning("Tinker is not reachable yet (%s); trying again in %.0f s", why, delay)
+                time.sleep(delay)
+                delay = min(COOLDOWN_MAX, delay * 2)
         self.tokenizer, self.eos_ids = load_tokenizer(self.cfg, base)
         self.samplers[0] = base
         log.info("Tinker samples %s for %s", self.base_model, self.model_id)
@@ -265,7 +270,9 @@ class TinkerEngine:
         try:
             response = await self._sample(gen, sampler)
             seq = response.sequences[0]
-            for token, logprob in zip(seq.tokens, seq.logprobs or []):
+            if seq.logprobs is None or len(seq.logprobs) != len(seq.tokens):
+                raise RuntimeError("Tinker returned a sample without a logprob for every token")
+            for token, logprob in zip(seq.tokens, seq.logprobs):
                 piece = "" if token in self.eos_ids else text.add(token)
                 gen.put(TokenEvent(int(token), float(logprob), piece))
             cached = int(getattr(response, "prompt_cache_hit_tokens", 0) or 0)
@@ -373,10 +380,9 @@ class TinkerEngine:
 
 
 async def _awaited(future):
-    """The result of an SDK future (an APIFuture is awaitable; a plain concurrent future is not)."""
-    if hasattr(future, "future"):
-        return await asyncio.wrap_future(future.future())
-    return await asyncio.wrap_future(future)
+    """An SDK future's result; cancelling this cancels the request (APIFuture.future() is the
+    concurrent future behind it; releases before APIFuture returned that future itself)."""
+    return await asyncio.wrap_future(future.future() if hasattr(future, "future") else future)
 
 
 # -- teacher scoring (the trainer's, on a sampler of the frozen base model) --------------------------
