@@ -17,6 +17,7 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from clawrl import adapters
 from clawrl.config import REPO_RECIPES, load_config, tinker_layers
@@ -143,6 +144,38 @@ def test_remote_versions_hold_a_pointer_and_are_validated(tmp_path):
     assert adapters.read_remote(path) == ref and adapters.weights_problem(path) is None
     bad = adapters.write_version(tmp_path, 2, adapters.save_remote({"service": "tinker"}), {})
     assert "sampler_path" in adapters.weights_problem(bad)
+
+
+def test_swap_refuses_a_version_of_the_other_kind(tmp_path):
+    """A Tinker pointer is never handed to a local engine, nor local weights to the Tinker engine:
+    the version is marked REJECTED once (not retried every pass)."""
+    import asyncio
+
+    from safetensors.torch import save_file
+
+    from clawrl.swap import Swapper
+
+    class Engine:
+        adapter_version, loaded_adapters = 0, set()
+
+        def __init__(self, kind=None):
+            if kind:
+                self.adapter_kind = kind
+
+        def load_adapter(self, version, path):
+            raise AssertionError("must not be asked to load it")
+
+    def peft(folder):
+        (folder / "adapter_config.json").write_text("{}")
+        save_file({"w": torch.zeros(2)}, folder / adapters.WEIGHTS)
+    cfg = load_config(env={"CLAWRL_HOME": str(tmp_path)})
+    adapters.write_version(cfg.adapters_dir, 1, peft, {"loss": 0.1})
+    adapters.write_version(cfg.adapters_dir, 2, adapters.save_remote(
+        {"service": "tinker", "sampler_path": "tinker://r/sampler_weights/x"}), {"loss": 0.1})
+    asyncio.run(Swapper(cfg, Engine(adapters.REMOTE_KIND), None)._consider(1))
+    asyncio.run(Swapper(cfg, Engine(), None)._consider(2))
+    assert "peft version" in adapters.rejection(cfg.adapters_dir, 1)
+    assert "remote version" in adapters.rejection(cfg.adapters_dir, 2)
 
 
 # -- one daemon whose Tinker is the double -------------------------------------------------------------

@@ -4,10 +4,10 @@
 `adapter_model.safetensors`) and `meta.json` (parent version, samples used, loss, reward stats,
 recipe, base model). A *remote* version (engine.kind = "tinker": the weights stay with the service
 that trained them) holds `remote.json` instead of the PEFT files: where the service keeps its
-sampler weights and its training state. A version is written to a hidden temp folder and renamed into place, so a
-folder named `NNNN` is always complete; a crash leaves at most a `.tmp-*` folder, which is ignored
-and cleaned up. The largest number is the newest. Which version *serves* is the daemon's choice
-(guard, activate, rollback); this module only reads and writes versions.
+sampler weights and its training state. A version is written to a hidden temp folder and renamed
+into place, so a folder named `NNNN` is always complete; a crash leaves at most a `.tmp-*` folder,
+which is ignored and cleaned up. The largest number is the newest. Which version *serves* is the
+daemon's choice (guard, activate, rollback); this module only reads and writes versions.
 """
 from __future__ import annotations
 
