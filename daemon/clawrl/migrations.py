@@ -132,3 +132,9 @@ def m004_skills(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX skill_versions_name ON skill_versions(name, id)")
     # The clawrl-published skills in force when the turn arrived: JSON {name: hash}.
     db.execute("ALTER TABLE turns ADD COLUMN skills TEXT")
+
+
+@migration
+def m005_reasoning(db: sqlite3.Connection) -> None:
+    # A reasoning model's <think> part, apart from the answer in response_text (reasoning.py).
+    db.execute("ALTER TABLE turns ADD COLUMN reasoning_text TEXT")

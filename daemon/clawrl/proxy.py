@@ -32,6 +32,7 @@ from .errors import RequestError
 from .httpjson import read_json
 from .metrics import Metrics, MetricsMiddleware, scrape
 from .store import Store
+from .reasoning import ReasoningSplitter
 from .toolcalls import OutputParser
 from .types import Attribution, Finish, GenParams
 
@@ -68,6 +69,7 @@ class _Turn:
         self.state, self.req, self.att, self.gen, self.arrived = state, req, att, gen, arrived
         self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
+        self.thinking = ReasoningSplitter()
         self.parser = OutputParser(req.stop, parse_tools=bool(req.tools))
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
@@ -80,23 +82,33 @@ class _Turn:
         self.recorded = False
 
     async def deltas(self):
-        """Content deltas as tokens arrive; ends at EOS, the length limit or a stop string."""
+        """("reasoning" | "content", text) deltas as tokens arrive; ends at EOS, the length limit
+        or a stop string (looked for in the answer, not in the thinking)."""
         async for ev in self.gen:
             if self.first_token is None:
                 self.first_token = time.perf_counter()
             self.token_ids.append(ev.token_id)
             self.logprobs.append(ev.logprob)
             self.token_texts.append(ev.text)
-            out = self.parser.feed(ev.text)
+            thought, answer = self.thinking.feed(ev.text)
+            if thought:
+                yield "reasoning", thought
+            out = self.parser.feed(answer)
             if out:
-                yield out
+                yield "content", out
             if self.parser.stopped:
                 self.gen.cancel()
                 break
         self.finish = await self.gen.wait()
+        thought, answer = self.thinking.finish()
+        if thought:
+            yield "reasoning", thought
+        out = self.parser.feed(answer)
+        if out:
+            yield "content", out
         rest, self.tool_calls = self.parser.finish()
         if rest:
-            yield rest
+            yield "content", rest
 
     @property
     def finish_reason(self) -> str:
@@ -134,6 +146,7 @@ class _Turn:
             try:
                 await self.state.store.finish_turn(
                     self.turn_id, status=status, text=self.parser.content or self.parser.text,
+                    reasoning=self.thinking.reasoning or None,
                     token_ids=self.token_ids, logprobs=self.logprobs, tool_calls=self.tool_calls,
                     finish=self.finish, error=error,
                     ttft_ms=ttft * 1000 if ttft is not None else None,
@@ -156,8 +169,8 @@ async def _stream(turn: _Turn):
     turn.streaming = True
     try:
         yield turn.chunk({"role": "assistant", "content": ""})
-        async for text in turn.deltas():
-            yield turn.chunk({"content": text})
+        async for kind, text in turn.deltas():
+            yield turn.chunk({"reasoning_content" if kind == "reasoning" else "content": text})
         for i, call in enumerate(turn.tool_calls):
             yield turn.chunk({"tool_calls": [{"index": i, **call}]})
         yield turn.chunk({}, turn.finish_reason, turn.logprobs_block())
@@ -220,6 +233,8 @@ async def _complete(turn: _Turn) -> JSONResponse:
         turn.gen.cancel()
         await turn.record(status, error)
     message = {"role": "assistant", "content": turn.parser.content}
+    if turn.thinking.reasoning:
+        message["reasoning_content"] = turn.thinking.reasoning
     if turn.tool_calls:
         message["tool_calls"] = turn.tool_calls
         message["content"] = turn.parser.content or None

@@ -204,24 +204,29 @@ class Store:
 
     async def finish_turn(self, turn_id: int, *, status: str, text: str, token_ids: list[int],
                           logprobs: list[float], tool_calls: list[dict] | None, finish: Finish | None,
-                          ttft_ms: float | None, total_ms: float, error: str | None = None) -> None:
+                          ttft_ms: float | None, total_ms: float, error: str | None = None,
+                          reasoning: str | None = None) -> None:
+        """`text` is the answer as the client saw it; `reasoning` the thinking before it, if any."""
+        n_tokens = len(token_ids)
         text, masked = self.redactor.text(text)
+        reasoning, masked_thought = self.redactor.text(reasoning)
         tool_calls, masked_calls = self.redactor.json(tool_calls)
         error, _ = self.redactor.text(error)
-        if masked or masked_calls:
+        masked = masked or masked_thought or masked_calls
+        if masked:
             token_ids = []   # they spell the secret; the turn is no longer trainable (below)
         async with self.lock:
             await self.db.execute(
-                "UPDATE turns SET trainable=trainable AND ?,"
+                "UPDATE turns SET trainable=trainable AND ?, reasoning_text=?,"
                 " status=?, response_text=?, response_ids=?, response_logprobs=?,"
                 " tool_calls=?, finish_reason=?, prompt_tokens=?, completion_tokens=?, cached_tokens=?,"
                 " error=?, completed_at=?, ttft_ms=?, total_ms=?, adapter_version=coalesce(?, adapter_version)"
                 " WHERE id=?",
-                (int(not (masked or masked_calls)), status, text, _dumps(token_ids), _dumps(logprobs),
+                (int(not masked), reasoning, status, text, _dumps(token_ids), _dumps(logprobs),
                  _dumps(tool_calls) if tool_calls else None,
                  finish.reason if finish else None,
                  finish.prompt_tokens if finish else None,
-                 len(token_ids), finish.cached_tokens if finish else None,
+                 n_tokens, finish.cached_tokens if finish else None,
                  error, time.time(), ttft_ms, total_ms,
                  finish.adapter_version if finish else None, turn_id))
 
