@@ -94,10 +94,9 @@ class Conversations:
         self.received: dict[int, str] = {}
         self.errors: list[str] = []        # answers other than 200 (there should be none)
         self.cut_streams = 0               # streams that had sent text and then broke off
-        self.mid_stream = threading.Event()   # a stream has sent text and not finished
+        self.mid_stream = threading.Event()   # a stream has begun to send text
         self.next_state = threading.Event()   # a request carrying a next state was recorded
         self.stop = threading.Event()
-        self.open_streams = 0
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._talk, args=(k, random.Random(rng.random())),
                                          daemon=True) for k in range(n)]
@@ -167,18 +166,12 @@ class Conversations:
                         text += choices[0].get("delta", {}).get("content") or ""
                         if text and not counted:
                             counted = True
-                            with self.lock:
-                                self.open_streams += 1
                             self.mid_stream.set()
         except httpx.HTTPError:
             if counted:
                 with self.lock:
                     self.cut_streams += 1
             raise
-        finally:
-            if counted:
-                with self.lock:
-                    self.open_streams -= 1
         return (turn_id, text) if done else None
 
 

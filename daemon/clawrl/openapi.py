@@ -134,6 +134,8 @@ def schemas(context_length: int) -> dict:
             "index": {"type": "integer"}, "finish_reason": {"type": "string"},
             "message": {"type": "object", "properties": {
                 "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+                "reasoning_content": {"type": "string",
+                                      "description": "a reasoning model's <think> part"},
                 "tool_calls": {"type": "array", "items": tool_call}}}}}},
         "usage": {"type": "object", "properties": {
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
