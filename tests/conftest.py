@@ -127,6 +127,19 @@ def client(daemon):
     return OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def until(what: str, fn, timeout: float = 60, every: float = 0.05):
+    """fn()'s first truthy value, polled every `every` seconds; fails naming `what` after
+    `timeout` seconds (a deadline for a busy machine, never a measurement)."""
+    deadline = time.time() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
 # The scripted model (tests/scripted_model.py) as a fast stand-in where a test needs serving and
 # training to be quick rather than a real language model: crash rounds, faults, load.
 SCRIPTED_PLAIN = ("Sure, here is my answer: the capital of France is Paris, on the river Seine, "

@@ -10,9 +10,12 @@ step, mid-adapter-write, mid-swap) by watching the clients, the log and the adap
 the daemon's whole process group or only the trainer child, and records which phases the kill
 really hit, read from what it left behind. Invariants are checked after every kill, after every
 restart and at the end; the phases the plan aims at must each have been hit at least once.
+The third test kills nothing itself: it lays out on disk what a kill mid-canary leaves (ACTIVE
+ahead of SEEN) with a version that collapses, and checks that the restart checks it again.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -30,7 +33,7 @@ import pytest
 from clawrl import adapters
 from clawrl.store import AWAITING_JUDGE, AWAITING_TRAINER
 from conftest import SCRIPTED_PLAIN as PLAIN
-from conftest import Daemon, make_home, scripted_env
+from conftest import Daemon, make_home, scripted_env, until
 
 pytestmark = pytest.mark.model
 
@@ -199,17 +202,6 @@ def integrity(db_path: Path) -> str:
         db.close()
 
 
-def until(what: str, fn, timeout: float = 60, every: float = 0.02):
-    deadline = time.time() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
-
-
 class CrashRounds:
     def __init__(self, home: Path, model: Path):
         self.home = home
@@ -272,7 +264,8 @@ class CrashRounds:
             finally:
                 db.close()
         elif phase == "train":
-            until("a training step", lambda: STEP.search(self.log_text(offset)), timeout=120)
+            until("a training step", lambda: STEP.search(self.log_text(offset)), timeout=120,
+                  every=0.01)
             time.sleep(rng.uniform(0, 0.2))
         elif phase == "write":
             # A version's temp folder lives for a few tens of milliseconds: poll for it tightly,
@@ -306,6 +299,15 @@ class CrashRounds:
                     time.sleep(0.0005)
             raise AssertionError("no adapter swap seen in 120 s")
 
+    @contextlib.contextmanager
+    def explained(self, i: int):
+        """A wait that timed out says what the daemon was doing instead."""
+        try:
+            yield
+        except AssertionError as e:
+            raise AssertionError(f"round {i}: {e}; the daemon's log ends:\n"
+                                 f"{self.log_text()[-3000:]}") from None
+
     # -- one round --------------------------------------------------------------------------------
     def round(self, i: int, phase: str, rng: random.Random) -> None:
         t0 = time.time()
@@ -314,11 +316,12 @@ class CrashRounds:
         # Killing only the trainer spares a daemon restart; its backoff doubles with each kill.
         trainer_only = (phase in ("train", "write") and self.trainer_kills < 3
                         and rng.random() < 0.7)
-        if phase in ("train", "write", "swap"):
-            trainer = self.trainer_pid()
+        with self.explained(i):
+            trainer = self.trainer_pid() if phase in ("train", "write", "swap") else None
         conv = Conversations(d.url, f"r{i}", random.Random(rng.random())).start()
         try:
-            self.aim(phase, conv, offset, rng)
+            with self.explained(i):
+                self.aim(phase, conv, offset, rng)
             if trainer_only:
                 # Still the daemon's trainer child (a pid can be reused once it has exited)?
                 stat = Path(f"/proc/{trainer}/stat").read_text()

@@ -30,20 +30,10 @@ import httpx
 import pytest
 
 from clawrl import adapters
-from conftest import CLAWRL, REPO, SCRIPTED_PLAIN, Daemon, free_port, make_home, scripted_env
+from conftest import (CLAWRL, REPO, SCRIPTED_PLAIN, Daemon, free_port, make_home, scripted_env,
+                      until)
 
 pytestmark = pytest.mark.model
-
-
-def until(what: str, fn, timeout: float = 60, every: float = 0.05):
-    deadline = time.time() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def chat(d: Daemon, session: str, messages: list[dict], stream: bool = False) -> tuple[str, str]:

@@ -248,6 +248,12 @@ async def _complete(turn: _Turn) -> JSONResponse:
 
 # -- handlers ----------------------------------------------------------------------------------------
 
+def _refuse_if_queue_full(state: DaemonState) -> None:
+    if state.engine.queue_depth() >= state.cfg.engine.max_queue:
+        raise RequestError("too many requests are waiting; retry shortly", status=503,
+                           type="server_error", code="queue_full", headers={"Retry-After": "1"})
+
+
 async def chat_completions(request: Request) -> Response:
     state: DaemonState = request.app.state.daemon
     arrived = time.perf_counter()
@@ -258,9 +264,7 @@ async def chat_completions(request: Request) -> Response:
         raise RequestError("the model is still loading; retry shortly", status=503,
                            type="server_error", code="model_loading", headers={"Retry-After": "2"})
     engine = state.engine
-    if engine.queue_depth() >= state.cfg.engine.max_queue:
-        raise RequestError("too many requests are waiting; retry shortly", status=503,
-                           type="server_error", code="queue_full", headers={"Retry-After": "1"})
+    _refuse_if_queue_full(state)   # before the work of rendering, when it is full already
     for param in ("max_tokens", "max_completion_tokens"):
         # A budget too large for the prompt is cut to fit (OpenClaw asks for its configured
         # maxTokens whatever the prompt); one that no prompt could fit is the caller's mistake.
@@ -268,6 +272,9 @@ async def chat_completions(request: Request) -> Response:
             raise RequestError(f"'{param}' is {asked}, more than this model's context length of "
                                f"{engine.context_length} tokens", param=param, code="invalid_value")
     prompt_ids = await asyncio.to_thread(engine.render, req.messages, req.tools)
+    # And again with no await before the submit: a burst that passed the first check together,
+    # while its requests were being rendered, must not all join the queue.
+    _refuse_if_queue_full(state)
     budget = engine.context_length - len(prompt_ids)
     params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
                        temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed)
