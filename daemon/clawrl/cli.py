@@ -290,6 +290,11 @@ def cmd_skills(args) -> int:
     return skills_cli.main(args, _config(args))
 
 
+def cmd_agents(args) -> int:
+    from . import agents_cli
+    return agents_cli.main(args, _config(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clawrl",
@@ -397,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "accept or reject skills proposed from repeated corrections")
     from .skills_cli import add_arguments
     add_arguments(sp)
+    sp = add("agents", cmd_agents, "tool-calling, terminal and software-engineering agents: play "
+                                   "sandboxed environments against the daemon and learn from them")
+    from .agents_cli import add_arguments as add_agents_arguments
+    add_agents_arguments(sp)
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p
