@@ -240,6 +240,15 @@ class CrashRounds:
             return t["pid"] if t["state"] == "running" and watching > t["restarts"] else None
         return until("the trainer to watch the turn log", ready, timeout=120, every=0.1)
 
+    @staticmethod
+    def still_trainer(pid: int, d) -> bool:
+        """Is `pid` still the daemon's child (a pid can be reused once it has exited)?"""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return int(stat[stat.rindex(")") + 2:].split()[1]) == d.proc.pid
+
     def kill_group(self) -> None:
         d = self.daemon
         os.killpg(d.proc.pid, signal.SIGKILL)
@@ -322,10 +331,10 @@ class CrashRounds:
         try:
             with self.explained(i):
                 self.aim(phase, conv, offset, rng)
+            if trainer_only and not self.still_trainer(trainer, d):
+                # It ended while we aimed (a supervised restart under load): kill the group instead.
+                trainer_only = False
             if trainer_only:
-                # Still the daemon's trainer child (a pid can be reused once it has exited)?
-                stat = Path(f"/proc/{trainer}/stat").read_text()
-                assert int(stat[stat.rindex(")") + 2:].split()[1]) == d.proc.pid
                 os.kill(trainer, signal.SIGKILL)
                 self.trainer_kills += 1
             else:
