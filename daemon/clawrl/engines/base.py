@@ -12,6 +12,8 @@ import threading
 import time
 from typing import AsyncIterator, Protocol
 
+from ..chat_format import render_prompt
+from ..errors import RequestError
 from ..types import Finish, GenParams, TokenEvent
 
 _DONE = object()
@@ -68,6 +70,35 @@ class Generation:
             if await self._queue.get() is _DONE:
                 break
         return self.finish or Finish("error", len(self.prompt_ids), 0)
+
+
+class TaskGeneration(Generation):
+    """A generation fed by an asyncio task (an HTTP stream, an SDK future); cancelling it cancels
+    the task, which aborts the request on the server's side."""
+    task: asyncio.Task | None = None
+    _closed = False
+
+    def close(self, finish: Finish | None = None, error: BaseException | None = None) -> None:
+        if not self._closed:
+            self._closed = True
+            super().close(finish, error)
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self.task is not None and not self.task.done():
+            self._loop.call_soon_threadsafe(self.task.cancel)
+
+
+def render_checked(tokenizer, messages: list[dict], tools: list[dict] | None,
+                   context_length: int) -> list[int]:
+    """Prompt ids for a request, or the OpenAI-style 400 when they leave no room to answer."""
+    ids = render_prompt(tokenizer, messages, tools)
+    if len(ids) >= context_length:
+        raise RequestError(
+            f"This model's maximum context length is {context_length} tokens, but the "
+            f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
+            param="messages", code="context_length_exceeded")
+    return ids
 
 
 class Engine(Protocol):

@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..chat_format import render_prompt, template_supports_tools
+from ..chat_format import template_supports_tools
 from ..config import Config
-from ..errors import RequestError
 from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
-from .base import Generation
+from .base import Generation, render_checked
 from .kvbatch import DecodeBatch
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
@@ -144,13 +143,7 @@ class EmbeddedEngine:
 
     # -- proxy-facing -------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        ids = render_prompt(self.tokenizer, messages, tools)
-        if len(ids) >= self.context_length:
-            raise RequestError(
-                f"This model's maximum context length is {self.context_length} tokens, but the "
-                f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
-                param="messages", code="context_length_exceeded")
-        return ids
+        return render_checked(self.tokenizer, messages, tools, self.context_length)
 
     def submit(self, prompt_ids: list[int], params: GenParams,
                adapter: int | None = None) -> Generation:

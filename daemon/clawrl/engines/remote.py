@@ -21,12 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from ..chat_format import render_prompt
 from ..config import Config
 from ..errors import ClawrlError, ModelError, RequestError
 from ..models import provision
 from ..types import Finish, GenParams, TokenEvent
-from .base import Generation
+from .base import Generation, TaskGeneration, render_checked
 from .launcher import ServerProcess
 from .registry import AdapterRegistry
 
@@ -87,21 +86,8 @@ def upstream_error(kind: str, response: httpx.Response, message: str | None = No
                         code="engine_error")
 
 
-class RemoteGeneration(Generation):
-    """A generation fed by an asyncio task that reads the server's stream; cancelling it cancels
-    the task, which closes the HTTP stream (both servers abort a request whose client left)."""
-    task: asyncio.Task | None = None
-    _closed = False
-
-    def close(self, finish: Finish | None = None, error: BaseException | None = None) -> None:
-        if not self._closed:
-            self._closed = True
-            super().close(finish, error)
-
-    def cancel(self) -> None:
-        super().cancel()
-        if self.task is not None and not self.task.done():
-            self._loop.call_soon_threadsafe(self.task.cancel)
+# The shared task-fed generation under the name this module's callers know.
+RemoteGeneration = TaskGeneration
 
 
 class TextStream:
@@ -235,13 +221,7 @@ class RemoteEngine:
 
     # -- proxy-facing -------------------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        ids = render_prompt(self.tokenizer, messages, tools)
-        if len(ids) >= self.context_length:
-            raise RequestError(
-                f"This model's maximum context length is {self.context_length} tokens, but the "
-                f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
-                param="messages", code="context_length_exceeded")
-        return ids
+        return render_checked(self.tokenizer, messages, tools, self.context_length)
 
     def submit(self, prompt_ids: list[int], params: GenParams,
                adapter: int | None = None) -> Generation:

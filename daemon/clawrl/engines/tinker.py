@@ -42,11 +42,10 @@ import time
 from pathlib import Path
 
 from .. import adapters
-from ..chat_format import render_prompt
 from ..config import Config
 from ..errors import ConfigError, ModelError, RequestError
 from ..types import Finish, GenParams, TokenEvent
-from .base import Generation
+from .base import Generation, TaskGeneration, render_checked
 from .remote import AdapterRefused, TextStream
 
 log = logging.getLogger("clawrl.engine")
@@ -153,23 +152,6 @@ def as_request_error(e: BaseException, tries: int, retry_after: float) -> Reques
 
 # -- the engine ---------------------------------------------------------------------------------------
 
-class TinkerGeneration(Generation):
-    """A generation fed by an asyncio task awaiting Tinker; cancelling it cancels the task, which
-    cancels the SDK's future (and so the request)."""
-    task: asyncio.Task | None = None
-    _closed = False
-
-    def close(self, finish: Finish | None = None, error: BaseException | None = None) -> None:
-        if not self._closed:
-            self._closed = True
-            super().close(finish, error)
-
-    def cancel(self) -> None:
-        super().cancel()
-        if self.task is not None and not self.task.done():
-            self._loop.call_soon_threadsafe(self.task.cancel)
-
-
 class TinkerEngine:
     """The engine interface (engines/base.py) over Tinker's sampling clients: version 0 is the
     base model, every other version a sampling client for the sampler weights it names."""
@@ -193,7 +175,7 @@ class TinkerEngine:
         self.failures = 0                        # consecutive requests that failed after retries
         self.open_until = 0.0                    # until then new requests get 503 at once
         self.last_error: str | None = None
-        self._inflight: set[TinkerGeneration] = set()
+        self._inflight: set[TaskGeneration] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="clawrl-tinker")
 
     @property
@@ -241,13 +223,7 @@ class TinkerEngine:
 
     # -- proxy-facing ---------------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        ids = render_prompt(self.tokenizer, messages, tools)
-        if len(ids) >= self.context_length:
-            raise RequestError(
-                f"This model's maximum context length is {self.context_length} tokens, but the "
-                f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
-                param="messages", code="context_length_exceeded")
-        return ids
+        return render_checked(self.tokenizer, messages, tools, self.context_length)
 
     def submit(self, prompt_ids: list[int], params: GenParams,
                adapter: int | None = None) -> Generation:
@@ -259,13 +235,13 @@ class TinkerEngine:
         if sampler is None:
             raise RuntimeError(f"adapter version {version} is not loaded")
         loop = asyncio.get_running_loop()
-        gen = TinkerGeneration(prompt_ids, params, loop)
+        gen = TaskGeneration(prompt_ids, params, loop)
         gen.adapter = version
         self._inflight.add(gen)
         gen.task = loop.create_task(self._run(gen, sampler), name="clawrl-tinker-request")
         return gen
 
-    async def _run(self, gen: TinkerGeneration, sampler) -> None:
+    async def _run(self, gen: TaskGeneration, sampler) -> None:
         text = TextStream(self.tokenizer)
         try:
             response = await self._sample(gen, sampler)
@@ -288,7 +264,7 @@ class TinkerEngine:
         finally:
             self._inflight.discard(gen)
 
-    async def _sample(self, gen: TinkerGeneration, sampler):
+    async def _sample(self, gen: TaskGeneration, sampler):
         """One sample, tried again with doubling backoff while the failure is transient; the whole
         sequence arrives at once, so a retry is invisible to the client."""
         import tinker
