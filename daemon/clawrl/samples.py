@@ -133,3 +133,13 @@ def load_samples(db: sqlite3.Connection, ids: list[int]) -> list[Sample]:
     if bad:
         write(db, "UPDATE turns SET train_status='skipped' WHERE id=?", bad)
     return out
+
+
+def next_batch(db: sqlite3.Connection, method: str, size: int) -> list[Sample] | None:
+    """The next `size` ready samples, or None until that many are ready and readable (an
+    unreadable one is chosen again next time)."""
+    ready = select_ready(db, method)
+    if len(ready) < size:
+        return None
+    samples = load_samples(db, ready[:size])
+    return samples if len(samples) == size else None

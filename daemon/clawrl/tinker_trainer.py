@@ -41,7 +41,7 @@ from .advantages import RunningBaseline, guard_empty, method_advantages, ppo_los
 from .config import Config, tinker_layers
 from .engines.tinker import (base_model_name, default_service, load_tokenizer, require_api_key,
                              resolved, retryable, score)
-from .samples import Sample, connect, load_samples, log, reconcile, reward_of, select_ready, write
+from .samples import Sample, connect, log, next_batch, reconcile, reward_of, write
 from .teacher import teacher_prompt
 from .trainer import Abandoned
 
@@ -274,11 +274,8 @@ class TinkerTrainer:
         if self.unmarked:   # mark what the last version took before choosing again
             reconcile(self.db, self.root)
             self.unmarked = False
-        ready = select_ready(self.db, cfg.method.name)
-        if len(ready) < cfg.train.batch_size:
-            return None
-        samples = load_samples(self.db, ready[:cfg.train.batch_size])
-        if len(samples) < cfg.train.batch_size:
+        samples = next_batch(self.db, cfg.method.name, cfg.train.batch_size)
+        if samples is None:
             return None
         # Only now (a training client on Tinker holds resources): the first step, or after a
         # rollback, a rejection or an abandoned step.

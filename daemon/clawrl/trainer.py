@@ -34,8 +34,8 @@ from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_lo
                          topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
 from .engines.remote import TeacherUnavailable, remote_teacher  # noqa: E402
-from .samples import (Sample, connect, load_samples, log, reconcile, reward_of,  # noqa: E402
-                      select_ready, write)
+from .samples import (Sample, connect, log, next_batch, reconcile, reward_of,  # noqa: E402
+                      write)
 from .teacher import teacher_prompt  # noqa: E402
 
 
@@ -254,11 +254,8 @@ class Trainer:
         if self.unmarked:   # mark what the last version took before choosing again
             reconcile(self.db, self.root)
             self.unmarked = False
-        ready = select_ready(self.db, cfg.method.name)
-        if len(ready) < cfg.train.batch_size:
-            return None
-        samples = load_samples(self.db, ready[:cfg.train.batch_size])
-        if len(samples) < cfg.train.batch_size:   # some were unreadable: choose again next time
+        samples = next_batch(self.db, cfg.method.name, cfg.train.batch_size)
+        if samples is None:
             return None
         version = (adapters.newest(self.root) or 0) + 1
         lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)   # decays with every version
