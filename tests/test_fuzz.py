@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from clawrl import openapi
 from clawrl.config import load_config
 from clawrl.proxy import DaemonState, build_app
+from clawrl.server import MAX_HEADER_BYTES
 from conftest import MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 
@@ -196,8 +197,18 @@ targets = st.one_of(
 @given(target=targets, body=bodies, extra=headers)
 def test_hostile_requests_get_a_4xx_or_a_2xx_never_a_5xx(fuzzed, target, body, extra):
     method, path = target
-    with httpx.Client(base_url=fuzzed.url, timeout=60) as client:
-        r = client.request(method, path, content=body, headers={**AUTH, **extra})
+    try:
+        with httpx.Client(base_url=fuzzed.url, timeout=60) as client:
+            r = client.request(method, path, content=body, headers={**AUTH, **extra})
+    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+        # Past the HTTP layer's own limits (header block, declared body size) the server answers
+        # and closes while the client is still sending, so the kernel may reset the connection
+        # before the answer is read. Only there is a reset allowed, and the daemon serves on.
+        header_bytes = sum(len(k) + len(v) + 4 for k, v in {**AUTH, **extra}.items())
+        if header_bytes <= MAX_HEADER_BYTES - 1024 and len(body) <= MAX_BODY:
+            raise
+        still_serving(fuzzed)
+        return
     assert r.status_code < 500, (r.status_code, r.text[:2000])
     if r.status_code >= 400:
         assert_client_error(r)

@@ -32,6 +32,10 @@ from .store import Store, private_dir
 
 log = logging.getLogger("clawrl")
 DRAIN_SECONDS = 10
+# The largest header block the HTTP layer parses (uvicorn's h11 default is 16 KiB). Within it an
+# overlong attribution header reaches clawrl and gets an OpenAI-style 400; beyond it h11 refuses
+# the request itself and closes the connection.
+MAX_HEADER_BYTES = 64 * 1024
 PROPOSE_EVERY_S = 60.0
 
 
@@ -128,7 +132,8 @@ def serve(cfg: Config) -> None:
     app = build_app(state, lifespan=make_lifespan(state, notifier))
     server = uvicorn.Server(uvicorn.Config(
         app, host=cfg.server.host, port=cfg.server.port, log_level="warning",
-        timeout_graceful_shutdown=DRAIN_SECONDS, access_log=False))
+        timeout_graceful_shutdown=DRAIN_SECONDS, access_log=False,
+        http="h11", h11_max_incomplete_event_size=MAX_HEADER_BYTES))
     notifier.server = server
     log.info("turn log: %s", cfg.db_path)
     # Once it has drained and shut down, uvicorn re-raises the signal that stopped it to whatever
