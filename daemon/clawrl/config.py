@@ -65,8 +65,9 @@ class EngineConfig:
                                   "together, and the judge and teacher use the base model", minimum=2)
     serve_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the launched server, e.g. '0' "
                          "or '0,1'; empty = inherit")
-    train_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the trainer, e.g. '1'; it trains "
-                         "on the first one; empty = the trainer runs on the CPU")
+    train_gpus: str = _f("", "sglang/vllm: CUDA_VISIBLE_DEVICES of the trainer, e.g. '1' or '2,3'; "
+                         "with several, one data-parallel process per GPU (see "
+                         "train.processes); empty = the trainer runs on the CPU")
     startup_timeout_s: float = _f(900.0, "sglang/vllm: how long the server may take to answer "
                                   "/health after a (re)start (weights, CUDA graphs); tinker: how "
                                   "long to keep trying to reach Tinker at start-up", minimum=1.0)
@@ -168,6 +169,9 @@ class TrainConfig:
                                 "long OpenClaw prompts are cut to fit a CPU", minimum=16)
     threads: int = _f(1, "torch threads of the trainer (it shares the cores with serving)",
                       minimum=1)
+    processes: int = _f(0, "data-parallel trainer processes under torch.distributed.run, each "
+                        "with a share of every batch and one optimizer step over all; 0 = one "
+                        "per GPU of engine.train_gpus (1 without)", minimum=0)
     poll_s: float = _f(0.5, "how often the trainer looks for ready samples", minimum=0.05)
     keep_adapters: int = _f(10, "adapter versions kept on disk", minimum=1)
 
@@ -333,6 +337,11 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
     if cfg.engine.kind == "tinker":
         _check_tinker(cfg)
+    gpus = len([g for g in cfg.engine.train_gpus.split(",") if g.strip()])
+    if cfg.train.processes > 1 and 0 < gpus < cfg.train.processes:
+        raise ConfigError(f"train.processes = {cfg.train.processes} but engine.train_gpus = "
+                          f"{cfg.engine.train_gpus!r} has {gpus}: give one GPU per process, or set "
+                          "train.processes = 0 (one per GPU)")
     if cfg.engine.kind in ("sglang", "vllm"):
         _check_server_engine(cfg)
 
@@ -369,6 +378,9 @@ def _check_tinker(cfg: Config) -> None:
     if cfg.train.kl_coef > 0:
         raise ConfigError(f"train.kl_coef = {cfg.train.kl_coef}: Tinker's built-in losses have no KL "
                           "term; set train.kl_coef = 0 with engine.kind = \"tinker\"")
+    if cfg.train.processes > 1:
+        raise ConfigError(f"train.processes = {cfg.train.processes} with engine.kind = \"tinker\": "
+                          "Tinker trains on its own machines; set train.processes = 0")
     if cfg.opd.topk > 0:
         raise ConfigError(f"opd.topk = {cfg.opd.topk}: top-K distillation needs the student's full "
                           "distribution, which Tinker's built-in losses do not see; set opd.topk = 0 "

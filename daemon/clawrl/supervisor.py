@@ -10,10 +10,10 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import time
 
 from .config import Config
+from .distributed import launch_args
 
 log = logging.getLogger("clawrl.trainer")
 BACKOFF_START, BACKOFF_MAX, STOP_GRACE = 1.0, 120.0, 15.0
@@ -35,8 +35,11 @@ class TrainerSupervisor:
         delay = BACKOFF_START
         while True:
             # The child watches for this pid: if the daemon dies (even by SIGKILL) it stops too.
-            env = {**os.environ, "CLAWRL_HOME": str(self.cfg.home), "CLAWRL_PARENT_PID": str(os.getpid())}
-            args = [sys.executable, "-m", "clawrl", "train"]
+            env = {**os.environ, "CLAWRL_HOME": str(self.cfg.home), "CLAWRL_PARENT_PID": str(os.getpid()),
+                   # the trainer sets its threads itself; this keeps torch.distributed.run from
+                   # setting (and announcing) 1
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(self.cfg.train.threads))}
+            args = launch_args(self.cfg)   # under torch.distributed.run for several processes
             if self.cfg.recipe:
                 args += ["--recipe", str(self.cfg.recipe)]
             started = time.monotonic()

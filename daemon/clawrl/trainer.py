@@ -33,6 +33,7 @@ from . import adapters, models  # noqa: E402
 from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
                          topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
+from .distributed import Group, daemon_pid  # noqa: E402
 from .engines.remote import TeacherUnavailable, remote_teacher  # noqa: E402
 from .samples import (Sample, connect, log, next_batch, reconcile, reward_of,  # noqa: E402
                       write)
@@ -54,22 +55,31 @@ class Trainer:
 
     def __init__(self, cfg: Config, stop: threading.Event | None = None):
         self.cfg, self.stop = cfg, stop or threading.Event()
+        # Several processes (distributed.py): rank 0, the lead, alone writes the turn log and
+        # the adapters folder; the others read the turn log only for the reward baseline.
+        self.group = Group()
+        self.lead = self.group.lead
         self.root = cfg.adapters_dir
         self.db = connect(cfg.db_path)
         self.unmarked = False   # a version is on disk whose turns are not marked trained yet
-        adapters.clean_temp(self.root)
-        fixed = reconcile(self.db, self.root)
-        if fixed:
-            log(f"reconciled {fixed} turns with the versions on disk")
+        self.fresh_teacher: list[tuple] = []   # teacher scores computed, not yet stored
+        if self.lead:
+            adapters.clean_temp(self.root)
+            fixed = reconcile(self.db, self.root)
+            if fixed:
+                log(f"reconciled {fixed} turns with the versions on disk")
         torch.set_num_threads(cfg.train.threads)
         self.device = torch.device("cpu")
         if cfg.engine.train_gpus:      # a server engine's recipe gives the trainer its own GPU(s)
             os.environ["CUDA_VISIBLE_DEVICES"] = cfg.engine.train_gpus   # before CUDA starts
-            if torch.cuda.is_available():
-                self.device = torch.device("cuda", 0)
-            else:
+            if torch.cuda.is_available():   # one GPU per process of the group
+                self.device = torch.device("cuda", self.group.local_rank)
+            elif self.lead:
                 log(f"engine.train_gpus = {cfg.engine.train_gpus!r} but CUDA is not available "
                     "to torch here; training on the CPU")
+        self.group.start(self.device)
+        if self.group.active and self.lead:
+            log(f"data-parallel over {self.group.world} processes ({self.device.type})")
         if self.device.type == "cuda":
             self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
         else:
@@ -117,8 +127,13 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=0.0)
         self.parent = parent
         lora_from = f"version {parent:04d}" if parent else "a new adapter"
-        log(f"{self.model_path.name} + LoRA from {lora_from} ready"
+        self.say(f"{self.model_path.name} + LoRA from {lora_from} ready"
             f" in {time.perf_counter() - t0:.1f} s")
+
+    def say(self, msg: str) -> None:
+        """Progress is the lead's to report; the other ranks would only repeat it."""
+        if self.lead:
+            log(msg)
 
     def history_baseline(self) -> RunningBaseline:
         """Rebuild the per-user reward baseline from the turns already trained, so a restart does
@@ -153,8 +168,8 @@ class Trainer:
             room = max(1, self.cfg.model.context_length - len(s.response_ids))
             s.teacher_logp, top = self.remote_teacher(context[-room:], s.response_ids, k)
             s.teacher_topk = top if k else None
-            write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
-                  [(json.dumps(s.teacher_logp), json.dumps(top) if k else None, s.id)])
+            self.fresh_teacher.append((json.dumps(s.teacher_logp),
+                                       json.dumps(top) if k else None, s.id))
         elif s.teacher_logp is None or (k and s.teacher_topk is None):
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             with torch.no_grad(), self.model.disable_adapter():
@@ -164,8 +179,8 @@ class Trainer:
             if k:
                 top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
                 s.teacher_topk = {"ids": top.indices.tolist(), "logp": top.values.tolist()}
-            write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
-                  [(json.dumps(s.teacher_logp), json.dumps(s.teacher_topk) if k else None, s.id)])
+            self.fresh_teacher.append((json.dumps(s.teacher_logp),
+                                       json.dumps(s.teacher_topk) if k else None, s.id))
         return s.teacher_logp
 
     def check_stop(self) -> None:
@@ -204,20 +219,21 @@ class Trainer:
         return {"context": context, "response": s.response_ids, "old": old, "ref": ref,
                 "adv": guard_empty(adv, s.empty), "weights": weights, "topk": topk}
 
-    def optimize(self, batch: list[dict], lr: float) -> dict:
+    def optimize(self, batch: list[dict], lr: float, n_tokens: int) -> dict:
         """`epochs` PPO epochs, each one optimizer step over the whole batch. One sequence per
         forward (lengths differ; memory stays small), gradients summed with token weights so every
-        token of the batch counts alike."""
+        token of the batch (`n_tokens`, over all ranks; `batch` is this rank's share) counts
+        alike."""
         t = self.cfg.train
         for group in self.opt.param_groups:
             group["lr"] = lr
-        n_tokens = sum(len(b["response"]) for b in batch)
         epochs = []
         for _ in range(t.epochs):
             self.opt.zero_grad(set_to_none=True)
             totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0}
             for b in batch:
-                self.check_stop()
+                if not self.group.active:   # with several ranks, stop only where all agree
+                    self.check_stop()
                 logits = self.response_logits(b["context"], b["response"])
                 new = _gather(logits, b["response"])[None]   # [1, T]
                 weights, ref = b["weights"], b["ref"]
@@ -234,6 +250,9 @@ class Trainer:
                 (loss * share).backward()
                 for k in totals:
                     totals[k] += stats.get(k, 0.0) * share
+            if self.group.any(self.stop.is_set()):
+                raise Abandoned("shutting down")
+            totals = self.group.sum_grads(self.params, totals)
             norm = torch.nn.utils.clip_grad_norm_(self.params, t.max_grad_norm or float("inf"))
             totals["grad_norm"] = float(norm)
             self.opt.step()
@@ -244,46 +263,95 @@ class Trainer:
                 "kl": epochs[-1]["kl"] if t.kl_coef > 0 else None,
                 "grad_norm": [e["grad_norm"] for e in epochs], "tokens": n_tokens}
 
+    def plan(self) -> tuple[int | None, list[Sample] | None, int]:
+        """The lead's choice for the next step, the same on every rank: the version to continue
+        from, the batch (None: too few samples) and the number of the version it makes."""
+        plan = None
+        if self.lead:
+            good = adapters.newest_good(self.root)
+            if self.unmarked:   # mark what the last version took before choosing again
+                reconcile(self.db, self.root)
+                self.unmarked = False
+            plan = (good, next_batch(self.db, self.cfg.method.name, self.cfg.train.batch_size),
+                    (adapters.newest(self.root) or 0) + 1)
+        return self.group.broadcast(plan)
+
+    def prepare_batch(self, samples: list[Sample]) -> list[dict] | None:
+        """This rank's share of the batch, prepared; None on every rank when any rank cannot
+        (shutdown: Abandoned; the serving server down; a turn the model cannot take, skipped)."""
+        batch, outcome = [], {"stop": False, "retry": None, "skip": []}
+        self.fresh_teacher = []
+        for s in self.group.shard(samples):
+            if self.stop.is_set():
+                outcome["stop"] = True
+                break
+            try:
+                batch.append(self.prepare(s))
+            except TeacherUnavailable as e:   # the serving server is down: not the turn's fault
+                outcome["retry"] = str(e)
+                break
+            except Exception as e:   # a turn the model cannot take (bad ids, too long, ...)
+                log(f"turn {s.id} cannot be trained ({type(e).__name__}: {e}); skipped")
+                outcome["skip"].append(s.id)
+                break
+        outcome["teacher"] = self.fresh_teacher
+        everyone = self.group.gather(outcome)
+        if self.lead:
+            self.store(everyone)
+        if any(o["stop"] for o in everyone):
+            raise Abandoned("shutting down")
+        retry = next((o["retry"] for o in everyone if o["retry"]), None)
+        if retry:
+            self.say(f"{retry}; trying again in a moment")
+            return None
+        if any(o["skip"] for o in everyone):
+            return None   # nothing was updated yet; choose a full batch next time
+        return batch
+
+    def store(self, outcomes: list[dict]) -> None:
+        """The lead stores what the ranks found: teacher scores (kept so a retried step does not
+        compute them again; losing them costs only time) and turns to skip."""
+        teacher = [row for o in outcomes for row in o["teacher"]]
+        if teacher:
+            try:
+                write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
+                      teacher)
+            except sqlite3.Error as e:
+                log(f"teacher scores not stored ({e}); they are computed again if needed")
+        skipped = [(i,) for o in outcomes for i in o["skip"]]
+        if skipped:
+            write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?", skipped)
+
     def step(self) -> int | None:
         """At most one training step: the new version, or None (too few samples, or abandoned)."""
         cfg = self.cfg
-        good = adapters.newest_good(self.root)
+        good, samples, version = self.plan()
         if good != self.parent:   # a rollback, a rejection or an abandoned step
-            log(f"continuing from {f'version {good:04d}' if good else 'the base model'}")
+            self.say(f"continuing from {f'version {good:04d}' if good else 'the base model'}")
             self.load(good)
-        if self.unmarked:   # mark what the last version took before choosing again
-            reconcile(self.db, self.root)
-            self.unmarked = False
-        samples = next_batch(self.db, cfg.method.name, cfg.train.batch_size)
         if samples is None:
             return None
-        version = (adapters.newest(self.root) or 0) + 1
         lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)   # decays with every version
-        log(f"training step on {len(samples)} samples (turns {[s.id for s in samples]})"
-            f" -> version {version:04d}")
+        self.say(f"training step on {len(samples)} samples (turns {[s.id for s in samples]})"
+                 f" -> version {version:04d}")
         t0 = time.perf_counter()
         try:
-            batch = []
-            for s in samples:
-                self.check_stop()
-                try:
-                    batch.append(self.prepare(s))
-                except (Abandoned, sqlite3.Error):
-                    raise
-                except TeacherUnavailable as e:   # the serving server is down: not the turn's fault
-                    log(f"{e}; trying again in a moment")
-                    return None
-                except Exception as e:   # a turn the model cannot take (bad ids, too long, ...)
-                    log(f"turn {s.id} cannot be trained ({type(e).__name__}: {e}); skipped")
-                    write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?", [(s.id,)])
-                    return None   # nothing was updated yet; choose a full batch next time
-            stats = self.optimize(batch, lr)
-            if self.parent and adapters.rejection(self.root, self.parent):
+            batch = self.prepare_batch(samples)
+            if batch is None:
+                return None
+            stats = self.optimize(batch, lr, sum(len(s.response_ids) for s in samples))
+            rejected = self.group.broadcast(
+                bool(self.parent and adapters.rejection(self.root, self.parent)))
+            if rejected:
                 raise Abandoned(f"parent {self.parent:04d} was rejected during the step")
         except Abandoned as e:
-            log(f"step abandoned ({e}); nothing written")
+            self.say(f"step abandoned ({e}); nothing written")
             self.parent = -1   # the weights are half-updated: the next step reloads them
             return None
+        if not self.lead:   # the lead writes the version; this rank's weights are the same
+            self.parent = version
+            self.fold_into_baseline(samples)
+            return version
         rewards = [s.reward for s in samples if s.reward is not None]
         meta = {
             "parent": self.parent, "samples": [s.id for s in samples],
@@ -304,10 +372,7 @@ class Trainer:
         write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
               [(version, s.id) for s in samples])
         self.unmarked = False
-        if self.baseline:   # the batch used the baseline from before it; now fold its rewards in
-            for s in samples:
-                if s.reward:
-                    self.baseline.update(s.user_id or "", s.reward)
+        self.fold_into_baseline(samples)
         adapters.prune(self.root, cfg.train.keep_adapters,
                        protect={version, adapters.read_active(self.root) or 0})
         reward = f"{meta['reward']['mean']:+.2f}" if rewards else "-"
@@ -315,8 +380,16 @@ class Trainer:
             f" mean reward {reward}, {meta['seconds']:.1f} s")
         return version
 
+    def fold_into_baseline(self, samples: list[Sample]) -> None:
+        """The batch used the baseline from before it; now its rewards count."""
+        if self.baseline:
+            for s in samples:
+                if s.reward:
+                    self.baseline.update(s.user_id or "", s.reward)
+
     def close(self) -> None:
         self.db.close()
+        self.group.close()
 
 
 def make_trainer(cfg: Config, stop: threading.Event | None = None):
@@ -350,15 +423,17 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
     trainer = make_trainer(cfg, stop)
-    log(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
+    say = getattr(trainer, "say", log)
+    say(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
     parent = int(os.environ.get("CLAWRL_PARENT_PID") or 0)
     if parent:
         os.nice(10)   # started by the daemon: serving comes first on a shared CPU
+    group = getattr(trainer, "group", Group())
     try:
         while not stop.is_set():
-            if parent and os.getppid() != parent:
-                log("the daemon that started this trainer is gone; stopping")
+            if parent and daemon_pid(group) != parent:
+                say("the daemon that started this trainer is gone; stopping")
                 break
             try:
                 version = trainer.step()
@@ -369,7 +444,7 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
                 stop.wait(cfg.train.poll_s)
     finally:
         trainer.close()
-    log("stopped")
+    say("stopped")
 
 
 if __name__ == "__main__":
