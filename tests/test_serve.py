@@ -233,6 +233,7 @@ def test_models_health_ready(daemon):
     assert httpx.get(f"{daemon.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{daemon.url}/readyz").json()
     assert ready["status"] == "ready" and ready["turns"] > 0
+    assert ready["engine"]["kind"] == "embedded" and ready["engine"]["available"] is True
 
 
 def test_session_end_by_header_and_endpoint(client, daemon):
@@ -275,6 +276,7 @@ def test_cli_reads_the_turn_log_and_chats(daemon, client):
     assert session in sessions.stdout
     status = subprocess.run([*CLAWRL, "status"], env=env, capture_output=True, text=True, timeout=60)
     assert "ready" in status.stdout and "SmolLM2-135M-Instruct" in status.stdout
+    assert "engine       embedded  running" in status.stdout, status.stdout
 
 
 def test_help_everywhere():

@@ -323,7 +323,8 @@ async def readyz(request: Request) -> Response:
         return JSONResponse({"status": "ready", "model": state.engine.model_id,
                              "adapter_version": state.engine.adapter_version,
                              "context_length": state.engine.context_length,
-                             "queue": state.engine.queue_depth(), "trainer": trainer, **counts})
+                             "queue": state.engine.queue_depth(), "trainer": trainer,
+                             "engine": state.engine.status(), **counts})
     status = "failed" if state.load_error else "loading"
     return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
 

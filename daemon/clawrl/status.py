@@ -72,6 +72,7 @@ def gather(cfg: Config) -> dict:
         "adapter": daemon["adapter_version"] if live else adapters.read_active(cfg.adapters_dir),
         "adapter_live": live,
         "trainer": daemon.get("trainer") if live else None, "train_enabled": cfg.train.enabled,
+        "engine": daemon.get("engine") if live else None, "engine_kind": cfg.engine.kind,
         "counts": read_counts(cfg.db_path) if cfg.db_path.exists() else None,
         "last_adapter": last_adapter(cfg), "adapters": len(adapters.list_versions(cfg.adapters_dir)),
         "home": str(cfg.home), "db": str(cfg.db_path),
@@ -84,6 +85,21 @@ def _when(ts) -> str:
 
 def _version(v) -> str:
     return "base model" if not v else f"{v:04d}"
+
+
+def engine_line(kind: str, e: dict | None) -> str:
+    """What computes: the serving server's state (sglang/vllm), Tinker's, or the embedded model's."""
+    if not e:
+        return f"{kind} (not running)"
+    state = e.get("state") or ("available" if e.get("available") else "unavailable")
+    text = f"{e.get('kind', kind)}  {state}"
+    where = [f"at {e['url']}" if e.get("url") else "", f"pid {e['pid']}" if e.get("pid") else "",
+             count(e["restarts"], "restart") if e.get("restarts") else "",
+             e.get("base_model") or ""]
+    text += "".join(f", {w}" for w in where if w)
+    if e.get("last_error"):
+        text += f"; last error: {e['last_error']}"
+    return text
 
 
 def render(info: dict) -> str:
@@ -102,6 +118,7 @@ def render(info: dict) -> str:
         row("daemon", f"{info['url']}  {d['status']}"
                       + (f": {d['error']}" if d.get("error") else ""))
     row("model", f"{info['model']}  ({info['source']})")
+    row("engine", engine_line(info["engine_kind"], info["engine"]))
     if info["adapter_live"]:
         row("adapter", f"{_version(info['adapter'])} (live)")
     else:

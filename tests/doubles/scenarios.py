@@ -193,6 +193,8 @@ def server_killed_mid_request(ctx: Ctx) -> None:
     first = chat(ctx.url, "Are you back?", f"{ctx.kind}-during-restart")
     assert first.status_code == 503, first.text
     assert first.headers["retry-after"] and first.json()["error"]["code"] == "engine_unavailable"
+    down = httpx.get(f"{ctx.url}/readyz", timeout=10).json()["engine"]   # what an operator sees
+    assert down["kind"] == ctx.kind and down["available"] is False, down
     deadline = time.time() + 300
     while True:
         r = chat(ctx.url, "Are you back?", f"{ctx.kind}-after-restart")
@@ -202,6 +204,8 @@ def server_killed_mid_request(ctx: Ctx) -> None:
         assert time.time() < deadline, "the server never came back"
         time.sleep(1.0)
     assert len(ctx.transcript.events("start")) == starts + 1 and ctx.transcript.pid() != pid
+    up = httpx.get(f"{ctx.url}/readyz", timeout=10).json()["engine"]
+    assert up["state"] == "running" and up["available"] and up["restarts"] >= 1, up
     failed = ctx.daemon.wait_turn(s.turn_id)
     assert failed["status"] == "failed" and "dropped" in failed["error"]
     row = ctx.daemon.wait_turn(int(r.headers["x-clawrl-turn-id"]))

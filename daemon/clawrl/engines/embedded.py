@@ -225,6 +225,12 @@ class EmbeddedEngine:
     def active_count(self) -> int:
         return len(self._active)
 
+    def status(self) -> dict:
+        alive = bool(self._thread and self._thread.is_alive())
+        return {"kind": "embedded", "state": "running" if alive else "not started",
+                "available": alive, "active": len(self._active),
+                "adapters": sorted(self.loaded_adapters)}
+
     # -- worker ---------------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
