@@ -195,3 +195,7 @@ def test_sglang_double_attached_by_url_streams_increments_and_its_rank_is_checke
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_sglang_double_gets_the_request_seed(ctx):
+    scenarios.seed_reaches_the_server(ctx)

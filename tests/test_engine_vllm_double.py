@@ -81,3 +81,7 @@ def test_vllm_double_refuses_adapter_above_max_lora_rank(ctx):
 
 def test_vllm_double_killed_mid_request_gives_502_then_503_and_restarts(ctx):
     scenarios.server_killed_mid_request(ctx)
+
+
+def test_vllm_double_gets_the_request_seed(ctx):
+    scenarios.seed_reaches_the_server(ctx)

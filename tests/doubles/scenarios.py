@@ -214,3 +214,19 @@ def server_killed_mid_request(ctx: Ctx) -> None:
         new_name = ctx.transcript.name_of(active)
         assert new_name != old_name
         assert ctx.transcript.generation(json.loads(row["prompt_ids"]))["lora_path"] == new_name
+
+
+def seed_reaches_the_server(ctx: Ctx) -> None:
+    """A request's seed goes to the server (SGLang: sampling_params.sampling_seed, vLLM: seed), so
+    the same seed at temperature 1 samples the same tokens."""
+    key = "sampling_seed" if ctx.kind == "sglang" else "seed"
+    answers = []
+    for i in range(2):
+        r = chat(ctx.url, "Name a colour and a fruit.", f"{ctx.kind}-seed-{i}", max_tokens=12,
+                 temperature=1.0, seed=1234)
+        assert r.status_code == 200, r.text
+        row = ctx.daemon.wait_turn(int(r.headers["x-clawrl-turn-id"]))
+        sent = ctx.transcript.generation(json.loads(row["prompt_ids"]))["sampling_params"]
+        assert sent[key] == 1234, sent
+        answers.append(json.loads(row["response_ids"]))
+    assert answers[0] == answers[1]

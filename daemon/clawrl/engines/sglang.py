@@ -5,7 +5,7 @@ GenerateReqInput / LoadLoRAAdapterReqInput / LoRAUpdateOutput, `entrypoints/http
 the "Sampling Parameters" and "LoRA Serving" documentation pages):
 
 * `POST /generate` takes `input_ids`, `sampling_params` (`max_new_tokens`, `temperature` (0 =
-  greedy), `top_p`), `return_logprob`, `logprob_start_len` (-1 = output tokens only),
+  greedy), `top_p`, `sampling_seed`), `return_logprob`, `logprob_start_len` (-1 = output tokens only),
   `top_logprobs_num`, `stream` and `lora_path` (the *name* an adapter was loaded under; null =
   the base model).
 * Streaming answers `data: {...}` lines and ends with `data: [DONE]`; an error is a
@@ -75,9 +75,10 @@ class SGLangEngine(RemoteEngine):
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         p = gen.params
-        body = {"input_ids": gen.prompt_ids,
-                "sampling_params": {"max_new_tokens": p.max_tokens, "temperature": p.temperature,
-                                    "top_p": p.top_p},
+        sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+        if p.seed is not None:   # honoured by SGLang with --enable-deterministic-inference
+            sampling["sampling_seed"] = p.seed
+        body = {"input_ids": gen.prompt_ids, "sampling_params": sampling,
                 "return_logprob": True, "logprob_start_len": -1, "stream": True,
                 "lora_path": name}
         seen, prompt_tokens, cached = 0, len(gen.prompt_ids), 0
