@@ -146,6 +146,41 @@ def test_remote_versions_hold_a_pointer_and_are_validated(tmp_path):
     assert "sampler_path" in adapters.weights_problem(bad)
 
 
+def test_pruned_versions_checkpoints_are_deleted_on_tinker(tmp_path, monkeypatch, capsys):
+    """Versions pruned from the adapters folder take their checkpoints on (the double's) Tinker
+    with them; a failing delete is reported and leaves them, never failing the step."""
+    import tinker
+    from clawrl.tinker_trainer import forget_checkpoints
+    root = tmp_path / "tinker"
+    monkeypatch.setenv("TINKER_DOUBLE_ROOT", str(root))
+    monkeypatch.setenv("TINKER_DOUBLE_MODEL", str(MODEL_DIR))
+    monkeypatch.setenv("TINKER_API_KEY", "test-key-for-the-double")
+    monkeypatch.setattr(tinker, "RestClient", tinker_double.RestClient)
+    folder = tmp_path / "adapters"
+    paths = []
+    for v in (1, 2, 3):
+        sampler = tinker_double.write_sampler_weights(root, MODEL_DIR, f"v{v}", seed=v, rank=2)
+        state = tinker_double.write_sampler_weights(root, MODEL_DIR, f"s{v}", seed=v, rank=2)
+        paths.append((sampler, state))
+        adapters.write_version(folder, v, adapters.save_remote(
+            {"service": "tinker", "sampler_path": sampler, "state_path": state}), {"loss": 0.1})
+
+    refs = adapters.prune(folder, keep=1, protect={1})       # 1 is live: only 2 goes
+    assert adapters.list_versions(folder) == [1, 3] and [r["sampler_path"] for r in refs] == [paths[1][0]]
+    forget_checkpoints(refs)
+    gone = [e["path"] for e in Transcript(root).events("delete_checkpoint")]
+    assert sorted(gone) == sorted(paths[1])
+    assert not tinker_double.checkpoint_dir(root, paths[1][0]).exists()
+    assert all(tinker_double.checkpoint_dir(root, p).exists() for p in (*paths[0], *paths[2]))
+    assert "deleted 2 checkpoints" in capsys.readouterr().err
+
+    control(root, fail={"delete_checkpoint": {"id": "down", "error": "unavailable", "times": 9}})
+    forget_checkpoints(adapters.prune(folder, keep=1, protect=set()))   # 1 goes; Tinker fails
+    assert adapters.list_versions(folder) == [3]
+    assert "not deleted on Tinker" in capsys.readouterr().err
+    assert tinker_double.checkpoint_dir(root, paths[0][0]).exists()
+
+
 def test_swap_refuses_a_version_of_the_other_kind(tmp_path):
     """A Tinker pointer is never handed to a local engine, nor local weights to the Tinker engine:
     the version is marked REJECTED once (not retried every pass)."""

@@ -11,6 +11,7 @@ daemon's choice (guard, activate, rollback); this module only reads and writes v
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -112,13 +113,19 @@ def clean_temp(root: Path) -> list[str]:
     return removed
 
 
-def prune(root: Path, keep: int, protect: set[int]) -> list[int]:
-    """Delete all but the newest `keep` versions, never one in `protect` (e.g. the active one)."""
+def prune(root: Path, keep: int, protect: set[int]) -> list[dict]:
+    """Delete all but the newest `keep` versions, never one in `protect` (e.g. the active one).
+    Returns the pointers of the remote versions deleted (their checkpoints live elsewhere)."""
     versions = list_versions(root)
     doomed = [v for v in versions[:max(0, len(versions) - keep)] if v not in protect]
+    remote = []
     for v in doomed:
-        shutil.rmtree(version_dir(root, v), ignore_errors=True)
-    return doomed
+        path = version_dir(root, v)
+        if kind(path) == REMOTE_KIND:
+            with contextlib.suppress(OSError, ValueError):
+                remote.append(read_remote(path))
+        shutil.rmtree(path, ignore_errors=True)
+    return remote
 
 
 def weights_problem(path: Path) -> str | None:

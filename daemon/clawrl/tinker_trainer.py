@@ -39,13 +39,14 @@ import torch
 from . import adapters
 from .advantages import RunningBaseline, guard_empty, method_advantages, ppo_loss, truncated_is_weights
 from .config import Config, tinker_layers
-from .engines.tinker import (base_model_name, default_service, load_tokenizer, require_api_key,
-                             resolved, retryable, score)
+from .engines.tinker import (base_model_name, default_rest, default_service, load_tokenizer,
+                             require_api_key, resolved, retryable, score)
 from .samples import Sample, connect, log, next_batch, reconcile, reward_of, write
 from .teacher import teacher_prompt
 from .trainer import Abandoned
 
 TRAIN_TIMEOUT_S = 3600.0          # one Tinker training call, queueing included
+DELETE_TIMEOUT_S = 60.0           # deleting one checkpoint
 BACKOFF_START, BACKOFF_MAX = 2.0, 120.0
 
 
@@ -89,6 +90,24 @@ def ppo_datum(context: list[int], response: list[int], old: list[float], adv: li
 def response_logprobs(output: dict, n: int) -> torch.Tensor:
     """The last n entries of a datum's `logprobs` output: those of the response tokens."""
     return torch.tensor(output["logprobs"].tolist()[-n:], dtype=torch.float32)
+
+
+def forget_checkpoints(refs: list[dict]) -> None:
+    """Delete on Tinker the checkpoints of versions pruned here: they fill the account's storage
+    and nothing reaches them any more. Best effort: a failure only leaves them there."""
+    paths = [ref[k] for ref in refs for k in ("sampler_path", "state_path")
+             if isinstance(ref, dict) and ref.get(k)]
+    if not paths:
+        return
+    try:
+        rest = default_rest()
+        for path in paths:
+            rest.delete_checkpoint_from_tinker_path(path).result(DELETE_TIMEOUT_S)
+    except Exception as e:
+        log(f"old checkpoints not deleted on Tinker ({type(e).__name__}: {e}); they stay there: "
+            f"{', '.join(paths)}")
+        return
+    log(f"deleted {len(paths)} checkpoints of pruned versions on Tinker")
 
 
 class TinkerTrainer:
@@ -329,8 +348,8 @@ class TinkerTrainer:
             for s in samples:
                 if s.reward:
                     self.baseline.update(s.user_id or "", s.reward)
-        adapters.prune(self.root, cfg.train.keep_adapters,
-                       protect={version, adapters.read_active(self.root) or 0})
+        forget_checkpoints(adapters.prune(self.root, cfg.train.keep_adapters,
+                                   protect={version, adapters.read_active(self.root) or 0}))
         log(f"version {version:04d} on Tinker: {len(samples)} samples, loss {stats['loss']:.4f}, "
             f"{meta['seconds']:.1f} s ({ref['sampler_path']})")
         return version

@@ -1,14 +1,17 @@
 """A DOUBLE of the Tinker service at the SDK-object boundary, not Tinker: Tinker cannot be reached
 from these machines.
 
-It stands in for `tinker.ServiceClient` and the object tree it returns, with the signatures clawrl
-calls in the real SDK (0.38, `tinker/lib/public_interfaces/`): ServiceClient.create_sampling_client /
+It stands in for `tinker.ServiceClient` and the object tree it returns, and for
+`tinker.RestClient`, with the signatures clawrl calls in the real SDK (0.38,
+`tinker/lib/public_interfaces/`): ServiceClient.create_sampling_client /
 create_lora_training_client / create_training_client_from_state_with_optimizer / close,
 SamplingClient.sample / compute_logprobs / get_tokenizer, TrainingClient.forward /
-forward_backward / optim_step / save_state / save_weights_for_sampler. Everything it hands back is
+forward_backward / optim_step / save_state / save_weights_for_sampler,
+RestClient.delete_checkpoint_from_tinker_path. Everything it hands back is
 the real SDK's: its futures (`AwaitableConcurrentFuture`: `.result()`, `await`, `.future()`),
 response types (SampleResponse, SampledSequence, ForwardBackwardOutput, TensorData,
-OptimStepResponse, SaveWeights*Response) and exception classes. Only ServiceClient is replaced.
+OptimStepResponse, SaveWeights*Response) and exception classes. Only ServiceClient and RestClient
+are replaced.
 
 The compute is real: sampling and scoring run on clawrl's embedded engine with SmolLM2 (float32),
 so tokens and logprobs are a real model's; training is PEFT LoRA plus AdamW with the loss formulas
@@ -34,6 +37,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -428,9 +432,31 @@ class ServiceClient:
         return AwaitableConcurrentFuture(done)
 
 
+class RestClient:
+    """Stands in for tinker.RestClient: checkpoint deletion, as clawrl uses it."""
+
+    def __init__(self, api_key=None, **_):
+        if not (api_key or os.environ.get("TINKER_API_KEY")):
+            raise RuntimeError("double: no TINKER_API_KEY (the real SDK would fail to authenticate)")
+        self.b = backend()
+
+    def delete_checkpoint_from_tinker_path(self, tinker_path: str) -> AwaitableConcurrentFuture:
+        def delete():
+            self.b.maybe_fail("delete_checkpoint")
+            folder = checkpoint_dir(self.b.root, tinker_path)
+            if not folder.exists():
+                request = httpx.Request("DELETE", f"{FAKE_URL}/checkpoints")
+                raise tinker.NotFoundError(f"double: no checkpoint at {tinker_path}",
+                                           response=httpx.Response(404, request=request), body=None)
+            shutil.rmtree(folder)
+            self.b.log("delete_checkpoint", path=tinker_path)
+        return self.b.run(self.b.pool, delete)
+
+
 def install() -> None:
-    """Make `tinker.ServiceClient` the double in this process."""
+    """Make `tinker.ServiceClient` and `tinker.RestClient` the double in this process."""
     tinker.ServiceClient = ServiceClient
+    tinker.RestClient = RestClient
 
 
 # -- helpers for tests --------------------------------------------------------------------------------------

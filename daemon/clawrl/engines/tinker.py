@@ -75,6 +75,12 @@ def default_service():
     return tinker.ServiceClient()
 
 
+def default_rest():
+    """The SDK's REST client (checkpoint management; it reads TINKER_API_KEY itself)."""
+    import tinker
+    return tinker.RestClient()
+
+
 def no_sdk_retries():
     """RetryConfig that leaves retrying to clawrl (None where the SDK has no such option)."""
     try:
