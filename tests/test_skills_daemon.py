@@ -44,7 +44,8 @@ def tree(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def d(tmp_path_factory):
-    daemon = Daemon(make_home(tmp_path_factory.mktemp("skills-home")),
+    # home's parent is this module's own folder: the write-containment test scans all of it.
+    daemon = Daemon(make_home(tmp_path_factory.mktemp("skills") / "home"),
                     env={"CLAWRL_SKILLS_DEBOUNCE_S": "0.1"}).start()
     yield daemon
     daemon.stop()
