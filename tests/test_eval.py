@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from conftest import MODEL_CACHE
 
@@ -78,3 +81,46 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     assert again["rl"]["points"] == runs["rl"]["points"]
     assert again["opd"]["points"] == [] and again["opd"]["error"]
     assert "## Failed runs" in (out / "results.md").read_text()
+
+
+def test_a_killed_eval_takes_its_daemon_with_it(tmp_path):
+    """SIGKILL to `clawrl eval` (no chance to clean up): the daemon it started stops too, instead of
+    serving and training on, orphaned, until someone finds it."""
+    persona = tmp_path / "shouty.py"
+    persona.write_text(PERSONA)
+    env = {**os.environ, "CLAWRL_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
+    work = tmp_path / "work"
+    ev = subprocess.Popen([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
+                           "--methods", "rl", "--seeds", "1", "--no-control", "--interactions", "2",
+                           "--checkpoints", "0,2", "--heldout", "2", "--out", str(tmp_path / "out"),
+                           "--work", str(work)], env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    db, deadline = work / "shouty-rl-0" / "clawrl.db", time.time() + 300
+    while not db.exists():                       # the daemon is up once its turn log exists
+        assert ev.poll() is None and time.time() < deadline, "the eval's daemon never started"
+        time.sleep(0.2)
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == ev.pid]
+    assert pids, "no child daemon found"
+    ev.send_signal(signal.SIGKILL)
+    ev.wait()
+    deadline = time.time() + 60
+    while any(_alive(pid) for pid in pids):
+        assert time.time() < deadline, "the eval's daemon outlived it"
+        time.sleep(0.2)
+
+
+def _ppid(proc_dir) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

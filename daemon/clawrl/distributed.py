@@ -13,7 +13,6 @@ that quit. With one process all of this is a no-op.
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import signal
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .procs import die_with_parent
 
 # A rank waits this long at a collective for a slower one (a teacher call to a busy server,
 # a long shard) before the step fails and the supervisor restarts the trainer.
@@ -62,7 +63,7 @@ class Group:
     def start(self, device: torch.device) -> None:
         if not self.active:
             return
-        _die_with_launcher()
+        die_with_parent(signal.SIGKILL)   # the launcher killed: no waiting at a collective
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -111,15 +112,6 @@ class Group:
     def close(self) -> None:
         if self.active and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _die_with_launcher() -> None:
-    """If the launcher is killed (SIGKILL after a stop timed out), this rank dies with it instead
-    of waiting at a collective for ranks that are gone."""
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass   # not Linux: the collective timeout ends it instead
 
 
 def daemon_pid(group: Group) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from .errors import ClawrlError
+from .procs import die_with_parent
 from .personas import Persona
 from .store import AWAITING_JUDGE, AWAITING_TRAINER
 
@@ -69,8 +70,10 @@ class Child:
 
     def start(self, timeout: float = 600) -> "Child":
         log = open(self.home / "daemon.log", "ab")
+        # An eval stopped by a signal must not leave its daemon (and trainer) running.
         self.proc = subprocess.Popen([sys.executable, "-m", "clawrl", "serve"], env=self.env,
-                                     stdout=log, stderr=subprocess.STDOUT)
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_parent)
         try:
             self._wait_ready(timeout)
         except BaseException:

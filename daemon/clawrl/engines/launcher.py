@@ -7,7 +7,6 @@ knows nothing of the server's protocol beyond `/health`; engines/remote.py does 
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shlex
@@ -20,18 +19,11 @@ from pathlib import Path
 import httpx
 
 from ..errors import ModelError
+from ..procs import die_with_parent
 
 log = logging.getLogger("clawrl.engine")
 BACKOFF_START, BACKOFF_MAX, HEALTHY_RUN_S = 1.0, 120.0, 60.0
 HEALTH_POLL_S, STOP_GRACE_S = 1.0, 20.0
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the thread that started it exits (daemon killed)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class ServerProcess:
@@ -95,7 +87,7 @@ class ServerProcess:
             out.flush()
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
 
     def _wait_healthy(self) -> bool:
         """Until /health answers, the process exits, the timeout passes or stop() is called."""
