@@ -14,7 +14,7 @@ import logging
 import re
 
 from .chat_format import content_text
-from .background import BackgroundLoop
+from .background import BackgroundLoop, FailingPass
 from .config import Config
 from .judge import JudgeInput, make_judge, openai_complete
 from .metrics import Metrics
@@ -77,20 +77,23 @@ class Judging(BackgroundLoop):
         self.wake = asyncio.Event()
 
     async def _run(self) -> None:
+        failing = FailingPass(log, "judging pass")
         while True:
+            wait = 1.0
             try:
                 await self._end_idle_sessions()
                 rows = await self.store.turns_to_judge(limit=4)
+                failing.succeeded()
                 if rows:
                     await asyncio.gather(*(self._judge_one(r) for r in rows))
                     continue
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a database hiccup must not end the loop
-                log.exception("judging pass failed; retrying")
+            except Exception as e:  # a database hiccup must not end the loop
+                wait = failing.failed(e)
             self.wake.clear()
             try:
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self.wake.wait(), timeout=wait)
             except asyncio.TimeoutError:
                 pass
 

@@ -18,7 +18,7 @@ import math
 import time
 
 from . import adapters
-from .background import BackgroundLoop
+from .background import BackgroundLoop, FailingPass
 from .config import Config
 from .engines.remote import AdapterRefused
 from .metrics import Metrics
@@ -56,6 +56,7 @@ class Swapper(BackgroundLoop):
     async def _run(self) -> None:
         adapters.clean_temp(self.root)
         await self._restore()
+        failing = FailingPass(log, "adapter watch pass")
         while True:
             try:
                 for v in adapters.list_versions(self.root):
@@ -64,11 +65,11 @@ class Swapper(BackgroundLoop):
                             await self._consider(v)
                         self.seen = max(self.seen, v)
                         adapters.write_seen(self.root, self.seen)
+                failing.succeeded()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("adapter watch pass failed; retrying")
-                await asyncio.sleep(1.0)   # e.g. a server engine restarting: do not spin
+            except Exception as e:   # e.g. a server engine restarting, a full disk: do not spin
+                await asyncio.sleep(failing.failed(e))
             await asyncio.sleep(POLL_S)
 
     async def _restore(self) -> None:
