@@ -95,6 +95,22 @@ def test_guard_rejects_nan_and_collapsed_versions_and_restores_the_previous(tmp_
         events = [(e["version"], e["event"]) for e in swap.status()["events"]]
         assert (2, "rejected") in events and (1, "activated") in events
         await swap.stop()
+        # The decisions outlive the daemon: a new one (a restart) shows the same history.
+        again = Swapper(cfg, ScriptedEngine(), store)
+        assert again.status()["events"] == swap.status()["events"]
         await store.close()
 
     asyncio.run(main())
+
+
+def test_the_event_record_survives_a_torn_line_and_stays_bounded(tmp_path):
+    for i in range(2 * adapters.EVENTS_KEPT + 1):
+        adapters.append_event(tmp_path, {"version": i, "event": "activated", "reason": "x" * 300})
+    kept = adapters.read_events(tmp_path, 10 ** 6)
+    assert len(kept) == adapters.EVENTS_KEPT and kept[-1]["version"] == 2 * adapters.EVENTS_KEPT
+    with open(tmp_path / adapters.EVENTS, "a") as f:
+        f.write('{"version": 9999, "ev')                  # a crash mid-write
+    assert adapters.read_events(tmp_path, 3)[-1]["version"] == 2 * adapters.EVENTS_KEPT
+    adapters.append_event(tmp_path, {"version": 10000, "event": "activated"})   # on a line of its own
+    assert [e["version"] for e in adapters.read_events(tmp_path, 3)] == [2 * adapters.EVENTS_KEPT, 10000]
+

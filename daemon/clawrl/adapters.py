@@ -206,3 +206,41 @@ def write_seen(root: Path, version: int) -> None:
 
 def read_seen(root: Path) -> int | None:
     return _read_number(root, SEEN)
+
+
+EVENTS = "EVENTS.jsonl"   # the daemon's swap decisions (served, rejected, rolled back), oldest first
+EVENTS_KEPT = 500
+
+
+def append_event(root: Path, event: dict) -> None:
+    """One decision, appended as a line; past twice EVENTS_KEPT lines the file is cut to the
+    newest EVENTS_KEPT (rewritten and renamed, so a crash leaves the old or the new file)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / EVENTS
+    with open(path, "ab+") as f:
+        f.seek(0, os.SEEK_END)
+        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+        f.write((b"\n" if torn else b"") + json.dumps(event).encode() + b"\n")
+    if path.stat().st_size > 400 * EVENTS_KEPT:   # cheap test first; lines are ~100 bytes
+        lines = path.read_text(errors="replace").splitlines()
+        if len(lines) > 2 * EVENTS_KEPT:
+            tmp = root / f".{EVENTS}.tmp"
+            tmp.write_text("".join(line + "\n" for line in lines[-EVENTS_KEPT:]))
+            os.replace(tmp, path)
+
+
+def read_events(root: Path, n: int) -> list[dict]:
+    """The newest `n` decisions, oldest first; a line torn by a crash is skipped."""
+    try:
+        lines = (root / EVENTS).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines[-n:]:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out

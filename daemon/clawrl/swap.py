@@ -44,13 +44,18 @@ class Swapper(BackgroundLoop):
         self.metrics = metrics or Metrics()
         self.root = cfg.adapters_dir
         self.seen = 0                       # versions up to this one have been considered
-        self.events: list[dict] = []        # recent decisions, newest last (for status)
+        # Recent decisions, newest last (for status), kept across restarts in adapters/EVENTS.jsonl.
+        self.events: list[dict] = adapters.read_events(self.root, 50)
         self.swapped_at: dict[int, float] = {}
         self._lock = asyncio.Lock()
 
     def _event(self, version: int, event: str, reason: str = "") -> None:
-        self.events = [*self.events[-49:], {"version": version, "event": event, "reason": reason,
-                                            "at": time.time()}]
+        entry = {"version": version, "event": event, "reason": reason, "at": time.time()}
+        self.events = [*self.events[-49:], entry]
+        try:
+            adapters.append_event(self.root, entry)
+        except OSError as e:   # a full disk: the decision stands, only its record is lost
+            log.warning("adapter event not recorded (%s)", e)
         log.info("adapter %04d %s%s", version, event, f": {reason}" if reason else "")
 
     async def _run(self) -> None:
