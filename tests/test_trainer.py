@@ -350,7 +350,8 @@ def test_restart_repairs_a_crash_between_rename_and_mark(lm, tmp_path):
     (log.cfg.adapters_dir / ".tmp-0002-12345").mkdir()   # and a half-written next version
     assert run_once(log.cfg) is None
     assert log.rows()[tid]["trained_adapter"] == 1
-    assert sorted(p.name for p in log.cfg.adapters_dir.iterdir()) == ["0001"]
+    assert not list(log.cfg.adapters_dir.glob(".tmp-*"))
+    assert adapters.list_versions(log.cfg.adapters_dir) == [1]
 
 
 def test_a_rejected_version_is_not_built_on(lm, tmp_path):
@@ -427,8 +428,39 @@ def test_sigkill_mid_step_loses_nothing_and_trains_once(lm, tmp_path):
     db.close()
 
     assert run_once(log.cfg) == 1
-    assert sorted(p.name for p in root.iterdir()) == ["0001"]     # the temp folder is gone
+    assert not list(root.glob(".tmp-*")) and adapters.list_versions(root) == [1]   # temp gone
     rows = log.rows()
     assert all((rows[i]["train_status"], rows[i]["trained_adapter"]) == ("trained", 1) for i in ids)
     assert log.metas()[1]["samples"] == ids
     assert run_once(log.cfg) is None
+
+
+def test_a_second_trainer_waits_for_the_first_and_leaves_its_staging_folder_alone(lm, tmp_path):
+    """A daemon killed alone leaves its trainer finishing a step; the restarted daemon's trainer
+    must neither clean that step's staging folder away nor write a version beside it."""
+    log = TurnLog(tmp_path, method_name="rl")
+    tid = log.add(served(lm, FRANCE), judge_score=1)
+    root = log.cfg.adapters_dir
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / ".tmp-0001-orphan"          # what the first trainer is writing
+    staging.mkdir()
+    first = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time; from pathlib import Path; from clawrl import adapters;"
+                              " lock = adapters.hold_trainer_lock(Path(sys.argv[1]), time.sleep, print);"
+                              " print('holding', flush=True); time.sleep(600)", str(root)],
+                             stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "holding"
+    second = start_trainer(log)
+    try:
+        wait_line(second, "another trainer is still writing")
+        time.sleep(2)
+        assert staging.exists() and log.metas() == {}
+        assert adapters.trainer_running(root)
+    finally:
+        first.kill()
+        first.wait()
+    wait_line(second, "version 0001:")
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=60)
+    assert log.rows()[tid]["trained_adapter"] == 1 and not staging.exists()
+    assert not adapters.trainer_running(root)

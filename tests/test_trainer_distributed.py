@@ -123,5 +123,5 @@ def test_a_stop_ends_every_rank_and_writes_nothing_half_done(lm, tmp_path):
     assert "step abandoned (shutting down); nothing written" in said(log), said(log)[-4000:]
     assert "Traceback" not in said(log), said(log)[-4000:]
     assert adapters.list_versions(log.cfg.adapters_dir) == []
-    assert [p.name for p in log.cfg.adapters_dir.glob(".*")] == []
+    assert [p.name for p in log.cfg.adapters_dir.glob(".tmp-*")] == []
     assert all(r["train_status"] is None for r in log.rows().values())

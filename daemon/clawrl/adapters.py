@@ -102,6 +102,46 @@ def write_version(root: Path, version: int, save: Callable[[Path], None], meta: 
     return final
 
 
+TRAINER_LOCK = ".trainer.lock"   # held (flock) by the one trainer that writes versions
+
+
+def hold_trainer_lock(root: Path, stop: Callable[[float], bool], say: Callable[[str], None]):
+    """Become the one trainer that writes versions here: the lock's open file, held until this
+    process exits (the kernel frees it even after SIGKILL). A trainer orphaned by a killed daemon
+    finishes its step before it notices and exits; the next one waits for it here instead of
+    cleaning up under it or writing the same version number. `stop(seconds)` waits and says
+    whether to give up; then None."""
+    import fcntl
+    root.mkdir(parents=True, exist_ok=True)
+    f = open(root / TRAINER_LOCK, "a")
+    told = False
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if not told:
+                say("another trainer is still writing to this adapters folder (one left by a "
+                    "stopped daemon finishes its step first); waiting for it")
+                told = True
+            if stop(0.5):
+                f.close()
+                return None
+
+
+def trainer_running(root: Path) -> bool:
+    """Whether some trainer holds the lock right now."""
+    import fcntl
+    try:
+        with open(root / TRAINER_LOCK, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
 def clean_temp(root: Path) -> list[str]:
     """Remove half-written versions left by a crash."""
     removed = []

@@ -59,7 +59,8 @@ class Swapper(BackgroundLoop):
         log.info("adapter %04d %s%s", version, event, f": {reason}" if reason else "")
 
     async def _run(self) -> None:
-        adapters.clean_temp(self.root)
+        if not adapters.trainer_running(self.root):   # else the trainer cleans up, when it may
+            adapters.clean_temp(self.root)
         await self._restore()
         failing = FailingPass(log, "adapter watch pass")
         while True:

@@ -119,6 +119,9 @@ class TinkerTrainer:
         self.cfg, self.stop = cfg, stop or threading.Event()
         self.root = cfg.adapters_dir
         self.db = connect(cfg.db_path)
+        self.lock = adapters.hold_trainer_lock(self.root, self.stop.wait, log)
+        if self.lock is None:
+            raise SystemExit(0)   # stopped while waiting for the other trainer
         adapters.clean_temp(self.root)
         fixed = reconcile(self.db, self.root)
         if fixed:
@@ -356,6 +359,7 @@ class TinkerTrainer:
 
     def close(self) -> None:
         self.db.close()
+        self.lock.close()
         close = getattr(self.service, "close", None)
         if close is not None:
             try:

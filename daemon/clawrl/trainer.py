@@ -64,6 +64,9 @@ class Trainer:
         self.unmarked = False   # a version is on disk whose turns are not marked trained yet
         self.fresh_teacher: list[tuple] = []   # teacher scores computed, not yet stored
         if self.lead:
+            self.lock = adapters.hold_trainer_lock(self.root, self.stop.wait, log)
+            if self.lock is None:
+                raise SystemExit(0)   # stopped while waiting for the other trainer
             adapters.clean_temp(self.root)
             fixed = reconcile(self.db, self.root)
             if fixed:
@@ -390,6 +393,8 @@ class Trainer:
     def close(self) -> None:
         self.db.close()
         self.group.close()
+        if self.lead and self.lock:
+            self.lock.close()   # lets the next trainer in (the kernel does it on exit anyway)
 
 
 def make_trainer(cfg: Config, stop: threading.Event | None = None):
