@@ -4,6 +4,8 @@ A separate process (`python -m clawrl.trainer`, or `clawrl train` from the daemo
 It owns the policy (base model + LoRA), teacher scoring, the optimizer step and writing versions.
 Which turns are ready and how they are marked is samples.py; the math is advantages.py; the folder
 format is adapters.py; the schema is migrations.py (the daemon applies it, not the trainer).
+On several GPUs it runs as one process per GPU, rank 0 alone writing (distributed.py); one trainer
+at a time writes an adapters folder (adapters.hold_trainer_lock).
 
 Crash safety: a version is written to a temp folder and renamed (adapters.write_version); only
 then are its turns marked trained, in one transaction. A crash before the rename leaves the turns
@@ -131,7 +133,7 @@ class Trainer:
         self.parent = parent
         lora_from = f"version {parent:04d}" if parent else "a new adapter"
         self.say(f"{self.model_path.name} + LoRA from {lora_from} ready"
-            f" in {time.perf_counter() - t0:.1f} s")
+                 f" in {time.perf_counter() - t0:.1f} s")
 
     def say(self, msg: str) -> None:
         """Progress is the lead's to report; the other ranks would only repeat it."""
