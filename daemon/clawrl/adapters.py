@@ -248,7 +248,7 @@ def read_seen(root: Path) -> int | None:
     return _read_number(root, SEEN)
 
 
-EVENTS = "EVENTS.jsonl"   # the daemon's swap decisions (served, rejected, rolled back), oldest first
+EVENTS = "EVENTS.jsonl"   # the daemon's swap decisions (served, rejected, rolled back)
 EVENTS_KEPT = 500
 
 

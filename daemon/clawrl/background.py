@@ -51,7 +51,8 @@ class FailingPass:
             self.log.error("%s failed; retrying", self.what, exc_info=e)
             self.last_error, self.reported_at = error, now
         elif now - self.reported_at >= REPEAT_EVERY_S:
-            self.log.error("%s still failing (%d times so far): %s", self.what, self.failures, error)
+            self.log.error("%s still failing (%d times so far): %s", self.what, self.failures,
+                           error)
             self.reported_at = now
         return min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 16))
 

@@ -2,10 +2,11 @@
 
 With `engine.train_gpus = "2,3"` (or `train.processes = N`) the supervisor starts the trainer
 under `torch.distributed.run` (the launcher `accelerate launch` runs for multi-GPU; clawrl needs
-nothing of accelerate's on top), and every process runs trainer.py. Rank 0 alone reads and writes the turn log and the adapters folder: it
-plans each step (which version to continue from, which turns) and broadcasts the plan; every rank
-prepares and runs its share of the batch; gradients are summed over the ranks before one identical
-optimizer step on each, so the ranks' LoRA weights never differ and rank 0 writes them.
+nothing of accelerate's on top), and every process runs trainer.py. Rank 0 alone reads and writes
+the turn log and the adapters folder: it plans each step (which version to continue from, which
+turns) and broadcasts the plan; every rank prepares and runs its share of the batch; gradients are
+summed over the ranks before one identical optimizer step on each, so the ranks' LoRA weights
+never differ and rank 0 writes them.
 
 Every decision that ends a step early (shutdown, a turn that cannot be trained, the serving
 server down) is taken together at a collective point, so no rank is ever left waiting on one
