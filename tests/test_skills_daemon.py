@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CLAWRL, Daemon, make_home
+from conftest import CLAWRL, Daemon, make_home, until
 
 pytestmark = pytest.mark.model
 
@@ -24,18 +23,6 @@ description: {description}
 
 Say hello in the user's language.
 """
-
-
-def wait_for(what, check, timeout: float = 20.0):
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` s."""
-    deadline = time.time() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -74,9 +61,9 @@ def test_a_skill_written_into_the_source_is_published_recorded_and_in_force_for_
     folder = source / "greeting"
     folder.mkdir()
     (folder / "SKILL.md").write_text(SKILL.format(name="greeting", description="Greet the user"))
-    wait_for("greeting published", lambda: (target / "greeting" / "SKILL.md").exists())
+    until("greeting published", lambda: (target / "greeting" / "SKILL.md").exists())
     assert (target / "greeting" / "SKILL.md").read_text() == (folder / "SKILL.md").read_text()
-    row = wait_for("a published row", lambda: [v for v in versions(d, "greeting")
+    row = until("a published row", lambda: [v for v in versions(d, "greeting")
                                                if v["status"] == "published"])[-1]
     assert row["hash"] == row["published_hash"]
 
@@ -88,7 +75,7 @@ def test_a_skill_written_into_the_source_is_published_recorded_and_in_force_for_
 
     # Broken: the published version stays, the error is recorded with its line and fix.
     (folder / "SKILL.md").write_text("---\nname: greeting\ndescription: [unclosed\n---\nbody\n")
-    bad = wait_for("an error row", lambda: [v for v in versions(d, "greeting") if v["status"] == "error"])[-1]
+    bad = until("an error row", lambda: [v for v in versions(d, "greeting") if v["status"] == "error"])[-1]
     issues = json.loads(bad["issues"])
     assert issues and issues[0]["file"].startswith("greeting/SKILL.md") and issues[0]["fix"]
     assert bad["published_hash"] == row["hash"]
@@ -102,8 +89,8 @@ def test_a_skill_written_into_the_source_is_published_recorded_and_in_force_for_
     for p in folder.iterdir():
         p.unlink()
     folder.rmdir()
-    wait_for("greeting unpublished", lambda: not (target / "greeting").exists())
-    wait_for("an unpublished row", lambda: versions(d, "greeting")[-1]["status"] == "unpublished")
+    until("greeting unpublished", lambda: not (target / "greeting").exists())
+    until("an unpublished row", lambda: versions(d, "greeting")[-1]["status"] == "unpublished")
 
 
 def test_the_agent_endpoint_creates_patches_and_deletes(d, source, target):
@@ -177,7 +164,7 @@ def test_cli_new_makes_a_valid_skill_and_check_reports_breakage(d, source, targe
     made = cli(d, "new", "weekly-report", "--description", "How this user wants weekly reports")
     assert made.returncode == 0, made.stderr
     assert cli(d, "check").returncode == 0
-    wait_for("the template published", lambda: (target / "weekly-report" / "SKILL.md").exists())
+    until("the template published", lambda: (target / "weekly-report" / "SKILL.md").exists())
     (source / "weekly-report" / "stray.txt").write_text("x")
     checked = cli(d, "check", str(source / "weekly-report"))
     assert checked.returncode == 1 and "stray.txt" in checked.stdout
@@ -201,7 +188,7 @@ def test_repeated_corrections_become_a_proposed_skill_that_accept_publishes(d, s
                    "Wrong length: I wanted it much shorter."]
     for i, text in enumerate(corrections):
         _corrected_session(d, f"prop-{i}", text)
-    wait_for("three judged corrections", lambda: len(d.rows(
+    until("three judged corrections", lambda: len(d.rows(
         "SELECT id FROM turns WHERE session_id LIKE 'prop-%' AND judge_score=-1")) == 3, timeout=60)
 
     proposed = cli(d, "propose")      # skills.propose_after = 3 by default
@@ -217,7 +204,7 @@ def test_repeated_corrections_become_a_proposed_skill_that_accept_publishes(d, s
     accepted = cli(d, "accept", "ana-prefers-shorter")
     assert accepted.returncode == 0, accepted.stderr
     assert (source / "ana-prefers-shorter" / "SKILL.md").exists() and not draft.exists()
-    wait_for("the accepted skill published",
+    until("the accepted skill published",
              lambda: (target / "ana-prefers-shorter" / "SKILL.md").exists())
     missing = cli(d, "accept", "ana-prefers-shorter")
     assert missing.returncode == 2 and "no proposed skill" in missing.stderr
@@ -226,7 +213,7 @@ def test_repeated_corrections_become_a_proposed_skill_that_accept_publishes(d, s
 def test_forgetting_a_user_deletes_the_drafts_that_quote_them(d):
     for i in range(3):
         _corrected_session(d, f"bo-{i}", "No, don't use bullet points, write prose.", user="bo")
-    wait_for("bo's judged corrections", lambda: len(d.rows(
+    until("bo's judged corrections", lambda: len(d.rows(
         "SELECT id FROM turns WHERE session_id LIKE 'bo-%' AND judge_score=-1")) == 3, timeout=60)
     assert "proposed bo-prefers-" in cli(d, "propose").stdout
     drafts = list((d.home / "skills-proposed").glob("bo-prefers-*"))

@@ -320,6 +320,11 @@ def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | N
     return cfg
 
 
+def train_gpu_count(cfg: Config) -> int:
+    """How many GPUs engine.train_gpus lists."""
+    return len([g for g in cfg.engine.train_gpus.split(",") if g.strip()])
+
+
 def _check(cfg: Config) -> None:
     """Cross-key rules that no single key can express."""
     try:
@@ -337,7 +342,7 @@ def _check(cfg: Config) -> None:
             raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
     if cfg.engine.kind == "tinker":
         _check_tinker(cfg)
-    gpus = len([g for g in cfg.engine.train_gpus.split(",") if g.strip()])
+    gpus = train_gpu_count(cfg)
     if cfg.train.processes > 1 and 0 < gpus < cfg.train.processes:
         raise ConfigError(f"train.processes = {cfg.train.processes} but engine.train_gpus = "
                           f"{cfg.engine.train_gpus!r} has {gpus}: give one GPU per process, or set "

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .config import train_gpu_count
 from .procs import die_with_parent
 
 # A rank waits this long at a collective for a slower one (a teacher call to a busy server,
@@ -34,7 +35,7 @@ def processes(cfg) -> int:
     """How many trainer processes the recipe asks for."""
     if cfg.train.processes:
         return cfg.train.processes
-    return max(1, len([g for g in cfg.engine.train_gpus.split(",") if g.strip()]))
+    return max(1, train_gpu_count(cfg))
 
 
 def launch_args(cfg) -> list[str]:

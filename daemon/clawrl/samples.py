@@ -65,6 +65,20 @@ def write(db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
         raise
 
 
+def take_over(db: sqlite3.Connection, root: Path, stop) -> object:
+    """A trainer's start: hold the adapters folder's trainer lock (waiting for a trainer left by a
+    stopped daemon), remove half-written versions and mark what the versions on disk took.
+    Returns the lock's open file; exits quietly if `stop` is set while it waits."""
+    lock = adapters.hold_trainer_lock(root, stop.wait, log)
+    if lock is None:
+        raise SystemExit(0)   # stopped while waiting for the other trainer
+    adapters.clean_temp(root)
+    fixed = reconcile(db, root)
+    if fixed:
+        log(f"reconciled {fixed} turns with the versions on disk")
+    return lock
+
+
 def reconcile(db: sqlite3.Connection, root: Path) -> int:
     """Mark every turn listed in a version's meta.json as trained into it (oldest version first,
     so a turn keeps the first version that consumed it). Turns of rejected versions stay consumed:

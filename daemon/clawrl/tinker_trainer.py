@@ -41,7 +41,8 @@ from .advantages import RunningBaseline, guard_empty, method_advantages, ppo_los
 from .config import Config, tinker_layers
 from .engines.tinker import (base_model_name, default_rest, default_service, load_tokenizer,
                              require_api_key, resolved, retryable, score)
-from .samples import Sample, connect, log, next_batch, reconcile, reward_of, write
+from .samples import (Sample, connect, log, next_batch, reconcile, reward_of, take_over,
+                      write)
 from .teacher import teacher_prompt
 from .trainer import Abandoned
 
@@ -119,13 +120,7 @@ class TinkerTrainer:
         self.cfg, self.stop = cfg, stop or threading.Event()
         self.root = cfg.adapters_dir
         self.db = connect(cfg.db_path)
-        self.lock = adapters.hold_trainer_lock(self.root, self.stop.wait, log)
-        if self.lock is None:
-            raise SystemExit(0)   # stopped while waiting for the other trainer
-        adapters.clean_temp(self.root)
-        fixed = reconcile(self.db, self.root)
-        if fixed:
-            log(f"reconciled {fixed} turns with the versions on disk")
+        self.lock = take_over(self.db, self.root, self.stop)
         self.base_model = base_model_name(cfg)
         self.service = (service_factory or default_service)()
         self.teacher = resolved(self.service.create_sampling_client(base_model=self.base_model))

@@ -38,7 +38,7 @@ from .config import Config, load_config  # noqa: E402
 from .distributed import Group, daemon_pid  # noqa: E402
 from .engines.remote import TeacherUnavailable, remote_teacher  # noqa: E402
 from .samples import (Sample, connect, log, next_batch, reconcile, reward_of,  # noqa: E402
-                      write)
+                      take_over, write)
 from .teacher import teacher_prompt  # noqa: E402
 
 
@@ -66,13 +66,7 @@ class Trainer:
         self.unmarked = False   # a version is on disk whose turns are not marked trained yet
         self.fresh_teacher: list[tuple] = []   # teacher scores computed, not yet stored
         if self.lead:
-            self.lock = adapters.hold_trainer_lock(self.root, self.stop.wait, log)
-            if self.lock is None:
-                raise SystemExit(0)   # stopped while waiting for the other trainer
-            adapters.clean_temp(self.root)
-            fixed = reconcile(self.db, self.root)
-            if fixed:
-                log(f"reconciled {fixed} turns with the versions on disk")
+            self.lock = take_over(self.db, self.root, self.stop)
         torch.set_num_threads(cfg.train.threads)
         self.device = torch.device("cpu")
         if cfg.engine.train_gpus:      # a server engine's recipe gives the trainer its own GPU(s)
