@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import MODEL_CACHE
+from conftest import MODEL_CACHE, REPO
 
 PERSONA = '''
 NAME = "shouty"
@@ -27,6 +27,10 @@ HELDOUT_PROMPTS = [f"Name an animal, number {i}." for i in range(40)]
 
 def score(prompt, response):
     return 1.0 if response.strip().endswith("!") else 0.0
+
+
+def criteria(prompt, response):
+    return {"exclaims": response.strip().endswith("!"), "short": len(response.split()) <= 5}
 
 
 def reply(prompt, response, score, rng):
@@ -67,6 +71,21 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     table = (out / "results.md").read_text()
     assert "## shouty" in table and "| rl |" in table and "| no-train |" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # bench/criteria.py splits each checkpoint's held-out answers by criterion, from the daemons'
+    # own logs: its per-checkpoint scores are the eval's, so its blocks are the checkpoints.
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "criteria.py"), "--persona",
+                        str(persona), "--work", str(work), "--heldout", "2", "--block", "2"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    header, _, *rows = r.stdout.splitlines()
+    assert "| exclaims | short |" in header
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    for method, run in runs.items():
+        held = [float(c[4]) for c in cells if c[0] == f"shouty-{method}-0" and c[1] == "held-out"]
+        assert held == [round(p["score"], 2) for p in run["points"]]
+        training = [c for c in cells if c[0] == f"shouty-{method}-0" and c[1] == "training"]
+        assert len(training) == 1 and training[0][3] == "2"
 
     # --resume keeps the finished runs; a run that fails (here: its daemon finds no model) is
     # recorded with its error and does not stop the evaluation.

@@ -309,7 +309,18 @@ def test_load_persona_outside_the_package(tmp_path):
 
 def test_load_optional_fields(tmp_path):
     p = load(str(write(tmp_path, MINIMAL + '\nSYSTEM = "Be nice."\nMAX_TOKENS = 42\n')))
-    assert p.system == "Be nice." and p.max_tokens == 42
+    assert p.system == "Be nice." and p.max_tokens == 42 and p.criteria is None
+    extra = "\ndef criteria(prompt, response):\n    return {'yes': response == 'yes'}\n"
+    q = load(str(write(tmp_path, MINIMAL + extra, "with_criteria.py")))
+    assert q.criteria("held 0", "yes") == {"yes": True}
+
+
+def test_builtin_criteria_agree_with_the_score(student, teacher):
+    # The per-criterion view the reports use is the score's own breakdown.
+    for p, response in ((student, "**Answer:** 7"), (teacher, "Great essay! Next time proofread.")):
+        prompt = p.heldout_prompts[0]
+        met = p.criteria(prompt, response)
+        assert sum(met.values()) / len(met) == pytest.approx(p.score(prompt, response))
 
 
 def test_unknown_persona_names_the_builtins():
@@ -332,6 +343,7 @@ TRAIN = '[f"train {i}" for i in range(3)]'
     (lambda s: s + "\nMAX_TOKENS = 0\n", "MAX_TOKENS must be a positive integer"),
     (lambda s: s + "\nSYSTEM = 3\n", "SYSTEM must be a string or None"),
     (lambda s: s + "\nscore = 5\n", "score must be a function"),
+    (lambda s: s + "\ncriteria = 5\n", "criteria must be a function"),
     (lambda s: s + "\ndef (:\n", "importing it failed with SyntaxError"),
     (lambda s: s + "\nraise RuntimeError('boom')\n", "importing it failed with RuntimeError: boom"),
 ])

@@ -12,6 +12,8 @@ A persona is a plain Python module: a built-in one lives in the repository's
     MAX_TOKENS: int                optional reply budget the eval should request (default 160)
     def score(prompt, response) -> float                  in [0, 1]
     def reply(prompt, response, score, rng) -> str        the user's next message
+    def criteria(prompt, response) -> dict[str, bool]     optional: each criterion of the score,
+                                                          met or not (for reports on what moved)
 
 This module owns only finding, importing and validating; what a persona wants and how it scores
 is owned by its file, and driving personas through the daemon by the eval driver.
@@ -49,6 +51,7 @@ class Persona:
     score: Callable[[str, str], float]   # (prompt, response) -> [0, 1]
     reply: Callable[[str, str, float, random.Random], str]  # (prompt, response, score, rng) -> next
     max_tokens: int                      # reply budget the eval should request
+    criteria: Callable[[str, str], dict[str, bool]] | None = None   # optional per-criterion view
 
 
 def resolve(name_or_path: str) -> Path:
@@ -102,11 +105,14 @@ def load(name_or_path: str) -> Persona:
     for key in ("score", "reply"):
         if not callable(getattr(mod, key)):
             raise bad(f"{key} must be a function")
+    criteria = getattr(mod, "criteria", None)
+    if criteria is not None and not callable(criteria):
+        raise bad("criteria must be a function (or left out)")
     return Persona(name=mod.NAME, preference=mod.PREFERENCE, system=system,
                    train_prompts=prompts["TRAIN_PROMPTS"],
                    heldout_prompts=prompts["HELDOUT_PROMPTS"],
                    score=_checked_score(mod.score, path), reply=_checked_reply(mod.reply, path),
-                   max_tokens=max_tokens)
+                   max_tokens=max_tokens, criteria=criteria)
 
 
 def _import(path: Path):
