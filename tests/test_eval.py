@@ -87,6 +87,21 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
         training = [c for c in cells if c[0] == f"shouty-{method}-0" and c[1] == "training"]
         assert len(training) == 1 and training[0][3] == "2"
 
+    # bench/judge_probe.py replays those turns to the model by forced choice; its reference is
+    # the rules judge, which is what judged them in the run.
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "judge_probe.py"),
+                        str(work / "shouty-rl-0" / "clawrl.db")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    probe = json.loads(r.stdout)
+    votes = [v for (v,) in db.execute("SELECT judge_score FROM turns WHERE session_id LIKE 'sim-%'"
+                                      " AND next_state_json IS NOT NULL")]
+    assert probe["turns"] == 2 and sum(probe["reference votes"].values()) == 2
+    assert {int(k): n for k, n in probe["reference votes"].items()} == \
+        {v: votes.count(v) for v in {int(x) for x in votes}}
+    for mode in ("boxed", "yes/no"):
+        assert 0.0 <= probe[mode]["agreement"] <= 1.0 and sum(probe[mode]["votes"].values()) == 2
+
     # --resume keeps the finished runs; a run that fails (here: its daemon finds no model) is
     # recorded with its error and does not stop the evaluation.
     r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),

@@ -1,0 +1,116 @@
+"""Can the served model judge at all? Forced-choice probes against the rules judge.
+
+The `engine` judge asks the served model to reason and end with `\\boxed{1|0|-1}`. On the embedded
+default it almost never produces a parseable vote (bench/RESULTS.md). This script asks whether
+that is only a formatting problem: it takes turns that a `clawrl eval` logged with their next
+state, and scores the model's *choice* without letting it generate anything:
+
+  boxed    the judge's own vote prompt; the answer is whichever of `\\boxed{1}`, `\\boxed{0}`,
+           `\\boxed{-1}` the model gives the highest log-probability as its whole reply.
+  yes/no   a one-line question about the next state alone ("was the user satisfied?"); the vote
+           is +1 where log P(Yes) - log P(No) is above the same margin on a content-free reply
+           ("N/A"), the label-free calibration of contextual calibration.
+
+The reference is the rules judge on the same turns (for a simulated user it reads the reply
+exactly). A judge worth using agrees far above the majority-class rate.
+
+    .venv/bin/python bench/judge_probe.py EVAL_WORK_DIR/concise-combine-0/clawrl.db [...]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl import judge
+from clawrl.chat_format import content_text
+from clawrl.config import load_config
+from clawrl.models import provision
+
+TURNS_SQL = ("SELECT request_json, response_text, next_state_json FROM turns "
+             "WHERE next_state_json IS NOT NULL AND session_id LIKE 'sim-%' ORDER BY id")
+SATISFIED = ("An assistant answered a user. The user then replied:\n\n\"{reply}\"\n\n"
+             "Was the user satisfied with the assistant's answer? Answer Yes or No.")
+
+
+class Scorer:
+    """Log-probability of a continuation after a chat prompt, with the served base model."""
+
+    def __init__(self, path: Path):
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+
+    def logprob(self, messages: list[dict], continuation: str) -> float:
+        prefix = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        p_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
+        c_ids = self.tok(continuation, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = self.model(torch.tensor([p_ids + c_ids])).logits[0].float()
+        logp = torch.log_softmax(logits[len(p_ids) - 1:-1], -1)
+        return float(logp[torch.arange(len(c_ids)), torch.tensor(c_ids)].sum())
+
+    def boxed_vote(self, inp: judge.JudgeInput) -> int:
+        msgs = judge.vote_prompt(inp)
+        return max((1, 0, -1), key=lambda v: self.logprob(msgs, f"\\boxed{{{v}}}"))
+
+    def satisfied_margin(self, reply: str) -> float:
+        msgs = [{"role": "user", "content": SATISFIED.format(reply=reply)}]
+        return self.logprob(msgs, "Yes") - self.logprob(msgs, "No")
+
+
+def turns(dbs: list[Path]) -> list[judge.JudgeInput]:
+    out = []
+    for path in dbs:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            for request_json, text, next_state in db.execute(TURNS_SQL):
+                out.append(judge.JudgeInput(context=json.loads(request_json)["messages"],
+                                            response=text or "", tool_calls=[],
+                                            next_state=json.loads(next_state)))
+        finally:
+            db.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("db", nargs="+", type=Path, help="clawrl.db files of eval runs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: short forward passes gain little from more, "
+                         "and it leaves the other cores to a running daemon)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    inputs = turns(args.db)
+    if not inputs:
+        print("no simulated-user turn with a next state in these databases", file=sys.stderr)
+        return 2
+    cfg = load_config(None)
+    scorer = Scorer(provision(cfg.model.source, cfg.models_dir, cfg.home / "cache"))
+    rules = judge.RulesJudge()
+    reference = [asyncio.run(rules.judge(inp)).score for inp in inputs]
+    boxed = [scorer.boxed_vote(inp) for inp in inputs]
+    threshold = scorer.satisfied_margin("N/A")
+    yes_no = [1 if scorer.satisfied_margin(content_text(inp.next_state[0].get("content"))) > threshold
+              else -1 for inp in inputs]
+    n, majority = len(inputs), Counter(reference).most_common(1)[0][1] / len(inputs)
+    print(json.dumps({
+        "turns": n, "reference votes": dict(Counter(reference)),
+        "majority-class rate": round(majority, 3),
+        "boxed": {"agreement": round(sum(map(int.__eq__, boxed, reference)) / n, 3),
+                  "votes": dict(Counter(boxed))},
+        "yes/no": {"agreement": round(sum(map(int.__eq__, yes_no, reference)) / n, 3),
+                   "votes": dict(Counter(yes_no)), "content-free margin": round(threshold, 3)},
+    }, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
