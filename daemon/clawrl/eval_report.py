@@ -29,29 +29,35 @@ def _cell(scores: list[float]) -> str:
 
 def markdown(runs: list[dict], command: str) -> str:
     lines = ["# clawrl eval results", "", f"Reproduce: `{command}`", ""]
-    for persona, methods in grouped(runs).items():
-        cps = sorted({cp for m in methods.values() for cp in m})
-        lines += [f"## {persona}", "", "| method | " + " | ".join(f"after {c}" for c in cps)
-                  + " | seeds | wall (mean) |", "|---" * (len(cps) + 3) + "|"]
-        for method, points in methods.items():
-            walls = [r["wall_s"] for r in runs if r["persona"] == persona
-                     and r["method"] == method and not r.get("error")]
-            seeds = len(walls)
-            lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
-                         + f" | {seeds} | {statistics.fmean(walls) / 60:.1f} min |")
-        bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
-               for r in runs if r["persona"] == persona for p in r["points"]]
-        worst = max(bad, key=lambda b: b[3] + b[4], default=None)
-        if worst:
-            lines += ["", f"Most empty + degenerate answers: {worst[0]} seed {worst[1]} after "
-                          f"{worst[2]}: {worst[3]:.0%} empty, {worst[4]:.0%} degenerate."]
-        lines.append("")
+    for persona in grouped(runs):
+        lines += [f"## {persona}", "", *persona_table(runs, persona), ""]
     failed = [r for r in runs if r.get("error")]
     if failed:
         lines += ["## Failed runs", ""] + [f"- {r['persona']} {r['method']} seed {r['seed']}: "
                                            f"{r['error']}" for r in failed] + [""]
     lines.append("Cells: mean held-out score of the first response ± half the range over seeds.")
     return "\n".join(lines) + "\n"
+
+
+def persona_table(runs: list[dict], persona: str) -> list[str]:
+    """One persona's table (a row per method: each checkpoint, seeds, mean wall time) and its
+    worst share of empty + degenerate answers."""
+    methods = grouped(runs)[persona]
+    cps = sorted({cp for m in methods.values() for cp in m})
+    lines = ["| method | " + " | ".join(f"after {c}" for c in cps) + " | seeds | wall (mean) |",
+             "|---" * (len(cps) + 3) + "|"]
+    for method, points in methods.items():
+        walls = [r["wall_s"] for r in runs if r["persona"] == persona
+                 and r["method"] == method and not r.get("error")]
+        lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
+                     + f" | {len(walls)} | {statistics.fmean(walls) / 60:.1f} min |")
+    bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
+           for r in runs if r["persona"] == persona for p in r["points"]]
+    worst = max(bad, key=lambda b: b[3] + b[4], default=None)
+    if worst:
+        lines += ["", f"Most empty + degenerate answers: {worst[0]} seed {worst[1]} after "
+                      f"{worst[2]}: {worst[3]:.0%} empty, {worst[4]:.0%} degenerate."]
+    return lines
 
 
 def plot(runs: list[dict], path: Path) -> bool:
