@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from clawrl.evaluate import recipe_overrides
 from conftest import MODEL_CACHE, REPO
 
 PERSONA = '''
@@ -60,6 +61,9 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
         assert all(0.0 <= p["score"] <= 1.0 for p in run["points"])
         assert len(run["train_scores"]) == 2
     assert runs["no-train"]["points"][-1]["adapter"] == 0
+    # What the user set on top of the recipe is recorded with every run and shown in the table.
+    assert all(run["settings"] == {"train.poll_s": "0.2"} for run in runs.values())
+    assert "Settings on top of the recipe: `train.poll_s=0.2`" in (out / "results.md").read_text()
     # The rl run's checkpoint waited for its adapters: both interactions were trained (a turn the
     # rules judge scores +1 or -1 always has a signal under rl) and the newest version was live.
     db = sqlite3.connect(work / "shouty-rl-0" / "clawrl.db")
@@ -115,6 +119,13 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     assert again["rl"]["points"] == runs["rl"]["points"]
     assert again["opd"]["points"] == [] and again["opd"]["error"]
     assert "## Failed runs" in (out / "results.md").read_text()
+
+
+def test_recipe_overrides_are_the_users_not_the_evals():
+    env = {"CLAWRL_TRAIN_BASELINE_DECAY": "0.9", "CLAWRL_ENGINE_THREADS": "1", "PATH": "/bin",
+           "CLAWRL_HOME": "/somewhere", "CLAWRL_SERVER_PORT": "1", "CLAWRL_METHOD_NAME": "rl",
+           "CLAWRL_JUDGE_BACKEND": "engine", "CLAWRL_TRAIN_ENABLED": "false"}
+    assert recipe_overrides(env) == {"engine.threads": "1", "train.baseline_decay": "0.9"}
 
 
 def test_a_killed_eval_takes_its_daemon_with_it(tmp_path):

@@ -28,7 +28,7 @@ def _cell(scores: list[float]) -> str:
 
 
 def markdown(runs: list[dict], command: str) -> str:
-    lines = ["# clawrl eval results", "", f"Reproduce: `{command}`", ""]
+    lines = ["# clawrl eval results", "", f"Reproduce: `{command}`", "", *settings(runs)]
     for persona in grouped(runs):
         lines += [f"## {persona}", "", *persona_table(runs, persona), ""]
     failed = [r for r in runs if r.get("error")]
@@ -37,6 +37,16 @@ def markdown(runs: list[dict], command: str) -> str:
                                            f"{r['error']}" for r in failed] + [""]
     lines.append("Cells: mean held-out score of the first response ± half the range over seeds.")
     return "\n".join(lines) + "\n"
+
+
+def settings(runs: list[dict]) -> list[str]:
+    """The recipe overrides the runs were made with (older results files do not record them)."""
+    seen = sorted({", ".join(f"{k}={v}" for k, v in r["settings"].items()) or "none"
+                   for r in runs if "settings" in r})
+    if seen in ([], ["none"]):
+        return []
+    return [f"Settings on top of the recipe: {'; '.join(f'`{s}`' for s in seen)}"
+            + (" (differing between runs: see results.json)" if len(seen) > 1 else ""), ""]
 
 
 def persona_table(runs: list[dict], persona: str) -> list[str]:

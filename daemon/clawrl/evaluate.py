@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from .config import RESERVED_ENV
 from .errors import ClawrlError
 from .procs import die_with_parent
 from .personas import Persona
@@ -41,6 +42,20 @@ from .store import AWAITING_JUDGE, AWAITING_TRAINER
 # Where the loop still has work, in the store's own terms (the trainer's rule included).
 READY_SQL = f"SELECT count(*) FROM turns WHERE {AWAITING_TRAINER}"
 WAITING_SQL = f"SELECT count(*) FROM turns WHERE {AWAITING_JUDGE}"
+
+
+# Set by the eval for each run (its own server, the method and judge under test): not the user's.
+EVAL_SET = ("CLAWRL_SERVER_", "CLAWRL_JUDGE_BACKEND", "CLAWRL_TRAIN_ENABLED", "CLAWRL_METHOD_NAME",
+            "CLAWRL_SKILLS_ENABLED")
+
+
+def recipe_overrides(env: dict[str, str]) -> dict[str, str]:
+    """The `CLAWRL_<SECTION>_<KEY>` settings given on top of the recipe, as `section.key`: a
+    result is reproducible only with them, so every run records them."""
+    return {name[len("CLAWRL_"):].lower().replace("_", ".", 1): value
+            for name, value in sorted(env.items())
+            if name.startswith("CLAWRL_") and name not in RESERVED_ENV
+            and not name.startswith(EVAL_SET)}
 
 
 def free_port() -> int:
@@ -225,7 +240,8 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
     finally:
         child.stop()
     return {"persona": persona.name, "method": label, "judge": judge, "seed": seed,
-            "points": points, "train_scores": train_scores, "wall_s": time.time() - t0}
+            "settings": recipe_overrides(dict(os.environ)), "points": points,
+            "train_scores": train_scores, "wall_s": time.time() - t0}
 
 
 def main(args, cfg) -> int:
