@@ -162,7 +162,7 @@ class TrainConfig:
     opd_cap: float = _f(3.0, "cap on |teacher - served| logprob advantage per token", minimum=0.0)
     tis_cap: float = _f(2.0, "cap of the truncated importance weight for stale samples",
                         minimum=1.0)
-    baseline_decay: float = _f(0.0, "per-user running reward baseline (EMA decay); 0 = none",
+    baseline_decay: float = _f(0.9, "per-user running reward baseline (EMA decay); 0 = none",
                                minimum=0.0)
     max_grad_norm: float = _f(1.0, "gradient clipping", minimum=0.0)
     max_prompt_tokens: int = _f(2048, "prompt tokens kept for training (the most recent); "

@@ -49,6 +49,13 @@ def settings(runs: list[dict]) -> list[str]:
             + (" (differing between runs: see results.json)" if len(seen) > 1 else ""), ""]
 
 
+METHOD_ORDER = ("no-train", "rl", "opd", "combine")
+
+
+def _method_rank(method: str) -> tuple:
+    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+
+
 def persona_table(runs: list[dict], persona: str) -> list[str]:
     """One persona's table (a row per method: each checkpoint, seeds, mean wall time) and its
     worst share of empty + degenerate answers."""
@@ -56,7 +63,7 @@ def persona_table(runs: list[dict], persona: str) -> list[str]:
     cps = sorted({cp for m in methods.values() for cp in m})
     lines = ["| method | " + " | ".join(f"after {c}" for c in cps) + " | seeds | wall (mean) |",
              "|---" * (len(cps) + 3) + "|"]
-    for method, points in methods.items():
+    for method, points in sorted(methods.items(), key=lambda kv: _method_rank(kv[0])):
         walls = [r["wall_s"] for r in runs if r["persona"] == persona
                  and r["method"] == method and not r.get("error")]
         lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
