@@ -124,8 +124,10 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
 def test_recipe_overrides_are_the_users_not_the_evals():
     env = {"CLAWRL_TRAIN_BASELINE_DECAY": "0.9", "CLAWRL_ENGINE_THREADS": "1", "PATH": "/bin",
            "CLAWRL_HOME": "/somewhere", "CLAWRL_SERVER_PORT": "1", "CLAWRL_METHOD_NAME": "rl",
-           "CLAWRL_JUDGE_BACKEND": "engine", "CLAWRL_TRAIN_ENABLED": "false"}
-    assert recipe_overrides(env) == {"engine.threads": "1", "train.baseline_decay": "0.9"}
+           "CLAWRL_JUDGE_BACKEND": "engine", "CLAWRL_TRAIN_ENABLED": "false",
+           "CLAWRL_JUDGE_API_KEY": "sk-secret"}
+    assert recipe_overrides(env) == {"engine.threads": "1", "train.baseline_decay": "0.9",
+                                     "judge.api_key": "(set)"}   # results files get committed
 
 
 def test_a_killed_eval_takes_its_daemon_with_it(tmp_path):

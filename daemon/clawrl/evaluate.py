@@ -49,13 +49,18 @@ EVAL_SET = ("CLAWRL_SERVER_", "CLAWRL_JUDGE_BACKEND", "CLAWRL_TRAIN_ENABLED", "C
             "CLAWRL_SKILLS_ENABLED")
 
 
+SECRET_KEYS = ("api_key", "token", "secret", "password")
+
+
 def recipe_overrides(env: dict[str, str]) -> dict[str, str]:
     """The `CLAWRL_<SECTION>_<KEY>` settings given on top of the recipe, as `section.key`: a
-    result is reproducible only with them, so every run records them."""
-    return {name[len("CLAWRL_"):].lower().replace("_", ".", 1): value
-            for name, value in sorted(env.items())
-            if name.startswith("CLAWRL_") and name not in RESERVED_ENV
-            and not name.startswith(EVAL_SET)}
+    result is reproducible only with them, so every run records them (a secret only as set)."""
+    out = {}
+    for name, value in sorted(env.items()):
+        if name.startswith("CLAWRL_") and name not in RESERVED_ENV and not name.startswith(EVAL_SET):
+            key = name[len("CLAWRL_"):].lower().replace("_", ".", 1)
+            out[key] = "(set)" if key.endswith(SECRET_KEYS) else value
+    return out
 
 
 def free_port() -> int:
