@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sqlite3
 import sys
 from pathlib import Path
 
 from clawrl import personas
+from clawrl.store import connect_sync
 
 HELDOUT_SQL = ("SELECT request_json, response_text, NULL, NULL FROM turns WHERE turn_index = 0 "
                "AND session_id LIKE 'eval-%' AND status = 'complete' ORDER BY id")
@@ -61,7 +61,7 @@ def blocks(rows: list, size: int) -> list[list]:
 
 
 def run_tables(persona: personas.Persona, home: Path, heldout: int, block: int) -> list[str]:
-    db = sqlite3.connect(f"file:{home / 'clawrl.db'}?mode=ro", uri=True)
+    db = connect_sync(home / "clawrl.db")
     try:
         held = blocks(db.execute(HELDOUT_SQL).fetchall(), heldout)
         train = blocks(db.execute(TRAINING_SQL).fetchall(), block)

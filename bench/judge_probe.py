@@ -5,7 +5,8 @@ default it almost never produces a parseable vote (bench/RESULTS.md). This scrip
 that is only a formatting problem: it takes turns that a `clawrl eval` logged with their next
 state, and scores the model's *choice* without letting it generate anything:
 
-  boxed    the judge's own vote prompt; the answer is whichever of `\\boxed{1}`, `\\boxed{0}`,
+  boxed    the judge's own vote prompt, on the turn exactly as the judging loop shows it (with
+           the recipe's judge.context_messages); the answer is whichever of `\\boxed{1}`, `\\boxed{0}`,
            `\\boxed{-1}` the model gives the highest log-probability as its whole reply.
   yes/no   a one-line question about the next state alone ("was the user satisfied?"); the vote
            is +1 where log P(Yes) - log P(No) is above the same margin on a content-free reply
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,11 +30,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl import judge
-from clawrl.chat_format import content_text
+from clawrl.chat_format import render_prompt
 from clawrl.config import load_config
+from clawrl.judging import judge_input
 from clawrl.models import provision
+from clawrl.store import connect_sync
+from clawrl.trainer import token_logprobs
 
-TURNS_SQL = ("SELECT request_json, response_text, next_state_json FROM turns "
+TURNS_SQL = ("SELECT request_json, response_text, tool_calls, next_state_json FROM turns "
              "WHERE next_state_json IS NOT NULL AND session_id LIKE 'sim-%' ORDER BY id")
 SATISFIED = ("An assistant answered a user. The user then replied:\n\n\"{reply}\"\n\n"
              "Was the user satisfied with the assistant's answer? Answer Yes or No.")
@@ -48,13 +51,12 @@ class Scorer:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
 
     def logprob(self, messages: list[dict], continuation: str) -> float:
-        prefix = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        p_ids = self.tok(prefix, add_special_tokens=False)["input_ids"]
+        """The prompt as the engine renders a judge call, then the continuation's tokens."""
+        p_ids = render_prompt(self.tok, messages, None)
         c_ids = self.tok(continuation, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
             logits = self.model(torch.tensor([p_ids + c_ids])).logits[0].float()
-        logp = torch.log_softmax(logits[len(p_ids) - 1:-1], -1)
-        return float(logp[torch.arange(len(c_ids)), torch.tensor(c_ids)].sum())
+        return float(token_logprobs(logits[len(p_ids) - 1:-1], c_ids).sum())
 
     def boxed_vote(self, inp: judge.JudgeInput) -> int:
         msgs = judge.vote_prompt(inp)
@@ -65,15 +67,13 @@ class Scorer:
         return self.logprob(msgs, "Yes") - self.logprob(msgs, "No")
 
 
-def turns(dbs: list[Path]) -> list[judge.JudgeInput]:
+def turns(dbs: list[Path], context_messages: int) -> list[judge.JudgeInput]:
+    """Each logged turn as the judging loop shows it to a judge."""
     out = []
     for path in dbs:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        db = connect_sync(path)
         try:
-            for request_json, text, next_state in db.execute(TURNS_SQL):
-                out.append(judge.JudgeInput(context=json.loads(request_json)["messages"],
-                                            response=text or "", tool_calls=[],
-                                            next_state=json.loads(next_state)))
+            out += [judge_input(dict(row), context_messages) for row in db.execute(TURNS_SQL)]
         finally:
             db.close()
     return out
@@ -88,18 +88,18 @@ def main(argv: list[str] | None = None) -> int:
                          "and it leaves the other cores to a running daemon)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    inputs = turns(args.db)
+    cfg = load_config(None)
+    inputs = turns(args.db, cfg.judge.context_messages)
     if not inputs:
         print("no simulated-user turn with a next state in these databases", file=sys.stderr)
         return 2
-    cfg = load_config(None)
     scorer = Scorer(provision(cfg.model.source, cfg.models_dir, cfg.home / "cache"))
     rules = judge.RulesJudge()
     reference = [asyncio.run(rules.judge(inp)).score for inp in inputs]
     boxed = [scorer.boxed_vote(inp) for inp in inputs]
     threshold = scorer.satisfied_margin("N/A")
-    yes_no = [1 if scorer.satisfied_margin(content_text(inp.next_state[0].get("content"))) > threshold
-              else -1 for inp in inputs]
+    yes_no = [1 if scorer.satisfied_margin(inp.next_state[0]["content"]) > threshold else -1
+              for inp in inputs]
     n, majority = len(inputs), Counter(reference).most_common(1)[0][1] / len(inputs)
     print(json.dumps({
         "turns": n, "reference votes": dict(Counter(reference)),

@@ -281,6 +281,17 @@ def resolve_recipe(name: str | os.PathLike | None) -> Path:
                       + ", ".join(sorted(q.stem for q in REPO_RECIPES.glob("*.toml"))))
 
 
+def is_override(name: str) -> bool:
+    """Is this environment variable a recipe override (`CLAWRL_<SECTION>_<KEY>`)?"""
+    return name.startswith("CLAWRL_") and name not in RESERVED_ENV
+
+
+def env_key(name: str) -> tuple[str, str]:
+    """`CLAWRL_TRAIN_BASELINE_DECAY` -> ("train", "baseline_decay")."""
+    section, _, key = name[len("CLAWRL_"):].lower().partition("_")
+    return section, key
+
+
 def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | None = None,
                 overrides: dict[str, Any] | None = None) -> Config:
     """Read a recipe, then `CLAWRL_<SECTION>_<KEY>` variables, then explicit overrides
@@ -301,10 +312,9 @@ def load_config(recipe: str | os.PathLike | None = None, env: dict[str, str] | N
         for key, value in table.items():
             _apply(cfg, section, key, value, f"{section}.{key} in {path.name}", from_env=False)
     for name, value in sorted(env.items()):
-        if not name.startswith("CLAWRL_") or name in RESERVED_ENV:
+        if not is_override(name):
             continue
-        rest = name[len("CLAWRL_"):].lower()
-        section, _, key = rest.partition("_")
+        section, key = env_key(name)
         if section not in SECTIONS or not key:
             raise ConfigError(f"unknown environment variable {name}; recipe overrides are named "
                               f"CLAWRL_<SECTION>_<KEY> with a section of: {', '.join(SECTIONS)}")

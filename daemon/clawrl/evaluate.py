@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from .config import RESERVED_ENV
+from .config import env_key, is_override
 from .errors import ClawrlError
 from .procs import die_with_parent
 from .personas import Persona
@@ -57,8 +57,8 @@ def recipe_overrides(env: dict[str, str]) -> dict[str, str]:
     result is reproducible only with them, so every run records them (a secret only as set)."""
     out = {}
     for name, value in sorted(env.items()):
-        if name.startswith("CLAWRL_") and name not in RESERVED_ENV and not name.startswith(EVAL_SET):
-            key = name[len("CLAWRL_"):].lower().replace("_", ".", 1)
+        if is_override(name) and not name.startswith(EVAL_SET):
+            key = ".".join(env_key(name))
             out[key] = "(set)" if key.endswith(SECRET_KEYS) else value
     return out
 

@@ -42,7 +42,7 @@ from .samples import (Sample, connect, log, next_batch, reconcile, reward_of,  #
 from .teacher import teacher_prompt  # noqa: E402
 
 
-def _gather(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Log-probability of each token under its row of logits."""
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return torch.log_softmax(logits, dim=-1).gather(-1, index).squeeze(-1)
@@ -156,7 +156,7 @@ class Trainer:
 
     def logprobs(self, context: list[int], response: list[int]) -> torch.Tensor:
         """Logprob of each response token after `context`."""
-        return _gather(self.response_logits(context, response), response)
+        return token_logprobs(self.response_logits(context, response), response)
 
     def teacher_logprobs(self, s: Sample) -> list[float]:
         """The frozen base, shown the hint, scores the served tokens (and, with opd.topk, keeps
@@ -174,7 +174,7 @@ class Trainer:
             with torch.no_grad(), self.model.disable_adapter():
                 logits = self.response_logits(context[-self.cfg.train.max_prompt_tokens:],
                                               s.response_ids)
-            s.teacher_logp = _gather(logits, s.response_ids).tolist()
+            s.teacher_logp = token_logprobs(logits, s.response_ids).tolist()
             if k:
                 top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
                 s.teacher_topk = {"ids": top.indices.tolist(), "logp": top.values.tolist()}
@@ -234,7 +234,7 @@ class Trainer:
                 if not self.group.active:   # with several ranks, stop only where all agree
                     self.check_stop()
                 logits = self.response_logits(b["context"], b["response"])
-                new = _gather(logits, b["response"])[None]   # [1, T]
+                new = token_logprobs(logits, b["response"])[None]   # [1, T]
                 weights, ref = b["weights"], b["ref"]
                 loss, stats = ppo_loss(new, b["old"][None], b["adv"][None], torch.ones_like(new),
                                        t.eps_low, t.eps_high,
