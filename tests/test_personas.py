@@ -364,7 +364,9 @@ def test_bad_score_or_reply_values_are_reported(tmp_path):
         p.reply("held 0", "yes", 1.0, random.Random(0))
 
 
-# -- replies as the rules judge reads them -----------------------------------------------------------
+# -- replies: a phrasing bank, not a judge's cue list ---------------------------------------------------
+# Whether a judge hears these replies is measured by every eval run (judge agreement with the
+# simulated user), not forced here: real users are not written for any judge.
 
 FAILING = {   # persona -> responses it scores low
     "student": ["- a\n- b", "**Bold** text. More **bold**.", "Final answer: 3", "7", "## Title\nx"],
@@ -375,16 +377,17 @@ FAILING = {   # persona -> responses it scores low
 
 
 @pytest.mark.parametrize("name", ["concise", "student", "teacher"])
-def test_rules_judge_reads_corrections_as_negative_and_thanks_as_positive(name):
-    """The deterministic judge (`judge.backend = "rules"`) must read every correction as a -1
-    and every thanks as a +1, or an eval under it would train the wrong way."""
-    from clawrl.judge import user_vote
+def test_replies_are_varied_and_follow_satisfaction(name):
+    """Corrections below the persona's HAPPY, thanks at or above it, each from many wordings."""
     p = load(name)
-    for prompt in p.heldout_prompts[:3]:
-        for response in FAILING[name] + ["", "   "]:
-            s = p.score(prompt, response)
-            assert s < 0.9, (response, s)
-            for text in replies(p, prompt, response, s, range(25)):
-                assert user_vote(text, prompt)[0] == -1, text
-        for text in replies(p, prompt, "fine", 1.0, range(25)):
-            assert user_vote(text, prompt)[0] == 1, text
+    assert 0 < p.happy <= 1
+    prompt = p.heldout_prompts[0]
+    corrections = set()
+    for response in FAILING[name]:
+        s = p.score(prompt, response)
+        assert not p.satisfied(s), (response, s)
+        corrections |= replies(p, prompt, response, s, range(200))
+    thanks = replies(p, prompt, "fine", 1.0, range(200))
+    assert p.satisfied(1.0)
+    assert len(corrections) >= 25 and len(thanks) >= 20, (len(corrections), len(thanks))
+    assert not corrections & thanks      # the same words never mean both

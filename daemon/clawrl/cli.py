@@ -295,6 +295,11 @@ def cmd_agents(args) -> int:
     return agents_cli.main(args, _config(args))
 
 
+def cmd_judge(args) -> int:
+    from . import judge_eval
+    return judge_eval.main(args, _config(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="clawrl",
@@ -354,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--methods", default="rl,opd,combine", help="comma list (default rl,opd,combine)")
     sp.add_argument("--no-control", dest="control", action="store_false",
                     help="skip the no-train control run")
-    sp.add_argument("--judge", default="rules", choices=("rules", "engine", "openai"),
+    sp.add_argument("--judge", default="rules", choices=("probe", "rules", "engine", "openai"),
                     help="judge backend of the daemons (default rules)")
     sp.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
     sp.add_argument("--interactions", type=int, default=36, help="interactions per run (default 36)")
@@ -406,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "sandboxed environments against the daemon and learn from them")
     from .agents_cli import add_arguments as add_agents_arguments
     add_agents_arguments(sp)
+    sp = sub.add_parser("judge", help="measure a judge on labelled feedback, or fit the probe "
+                                      "judge's head", description="Measure how well a judge reads "
+                                      "feedback (`judge eval`), or fit the probe judge (`judge train`).")
+    sp.set_defaults(fn=cmd_judge)
+    from .judge_eval import add_arguments as add_judge_arguments
+    add_judge_arguments(sp)
     add("recipe-keys", cmd_recipe_keys, "list every recipe key with its default and meaning",
         recipe=False)
     return p

@@ -35,7 +35,13 @@ def markdown(runs: list[dict], command: str) -> str:
     if failed:
         lines += ["## Failed runs", ""] + [f"- {r['persona']} {r['method']} seed {r['seed']}: "
                                            f"{r['error']}" for r in failed] + [""]
-    lines.append("Cells: mean held-out score of the first response ± half the range over seeds.")
+    lines.append("Cells: mean held-out score of the first response ± half the range over seeds. "
+                 "Judge columns: the judge's reading of each training answer against whether the "
+                 "simulated user was satisfied (mean over seeds). \"Until the preference holds\": "
+                 "training interactions before the first 3 satisfied in a row (\"> N\": never); "
+                 "OpenClaw-RL (v2) reports 10.3 sessions for its hybrid method, 14.1 for GRPO, 29.7 "
+                 "for OPD and about 14.5 for memory baselines, on Qwen3-4B with a Qwen3-32B "
+                 "simulated user.")
     return "\n".join(lines) + "\n"
 
 
@@ -68,12 +74,40 @@ def persona_table(runs: list[dict], persona: str) -> list[str]:
                  and r["method"] == method and not r.get("error")]
         lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
                      + f" | {len(walls)} | {statistics.fmean(walls) / 60:.1f} min |")
+    lines += ["", *judge_table(runs, persona)]
     bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
            for r in runs if r["persona"] == persona for p in r["points"]]
     worst = max(bad, key=lambda b: b[3] + b[4], default=None)
     if worst:
         lines += ["", f"Most empty + degenerate answers: {worst[0]} seed {worst[1]} after "
                       f"{worst[2]}: {worst[3]:.0%} empty, {worst[4]:.0%} degenerate."]
+    return lines
+
+
+def _holds(value, n: int) -> str:
+    return str(value) if value is not None else f"> {max(0, n - 3)}"
+
+
+def judge_table(runs: list[dict], persona: str) -> list[str]:
+    """Per method: how the daemon's judge read the simulated user (mean over seeds), and the
+    training interactions before the user was satisfied 3 times in a row, per seed."""
+    rows = []
+    for r in sorted((r for r in runs if r["persona"] == persona and "judge_check" in r),
+                    key=lambda r: (_method_rank(r["method"]), r["seed"])):
+        rows.append((r["method"], r["judge"], r["judge_check"],
+                     _holds(r.get("until_holds"), len(r["train_scores"]))))
+    if not rows:
+        return []
+    lines = ["| method | judge | agreement with the user | wrong sign | read as 0 | unjudged "
+             "| interactions until the preference holds (per seed) |", "|---" * 7 + "|"]
+    for method in dict.fromkeys(m for m, *_ in rows):
+        mine = [row for row in rows if row[0] == method]
+
+        def mean(key):
+            return statistics.fmean(c[key] for _, _, c, _ in mine)
+        lines.append(f"| {method} | {mine[0][1]} | {mean('agreement'):.2f} | "
+                     f"{mean('wrong_sign'):.2f} | {mean('abstain'):.2f} | {mean('unjudged'):.2f} | "
+                     + ", ".join(h for *_, h in mine) + " |")
     return lines
 
 

@@ -199,8 +199,9 @@ def heldout(child: Child, persona: Persona, n: int, seed: int, workers: int = 4)
 
 
 def interact(client: httpx.Client, child: Child, persona: Persona, prompt: str,
-             rng: random.Random, seed: int) -> float:
-    """One interaction: answer, the simulated user's reply as the next state, session end."""
+             rng: random.Random, seed: int) -> tuple[float, str]:
+    """One interaction: answer, the simulated user's reply as the next state, session end.
+    Returns the verifier's score and the session id."""
     session = f"sim-{uuid.uuid4().hex[:12]}"
     messages = opening(persona, prompt)
     answer = chat(client, child.url, messages, session, persona.max_tokens, seed, train=True)
@@ -211,7 +212,49 @@ def interact(client: httpx.Client, child: Child, persona: Persona, prompt: str,
                                         {"role": "user", "content": follow}],
          session, 1, seed + 1, train=True)
     client.post(f"{child.url}/v1/sessions/{session}/end", timeout=30)
-    return score
+    return score, session
+
+
+JUDGED_SQL = ("SELECT session_id, judge_score FROM turns WHERE judge_status='done' AND id IN"
+              " (SELECT min(id) FROM turns WHERE session_id LIKE 'sim-%' GROUP BY session_id)")
+
+
+def judge_check(child: Child, persona: Persona, sessions: list[str], scores: list[float],
+                timeout: float) -> dict:
+    """How the daemon's judge read each answer, against whether the simulated user was satisfied:
+    agreement (the vote's sign is the user's), wrong sign, abstention (a 0), and unjudged turns."""
+    deadline = time.time() + timeout
+    while child.count(WAITING_SQL) and time.time() < deadline:
+        time.sleep(0.5)
+    db = sqlite3.connect(child.home / "clawrl.db", timeout=30)
+    try:
+        read = dict(db.execute(JUDGED_SQL).fetchall())
+    finally:
+        db.close()
+    agree = wrong = abstain = missing = 0
+    for session, score in zip(sessions, scores):
+        truth = 1 if persona.satisfied(score) else -1
+        vote = read.get(session)
+        if vote is None:
+            missing += 1
+        elif vote == truth:
+            agree += 1
+        elif vote == -truth:
+            wrong += 1
+        else:
+            abstain += 1
+    n = len(sessions) or 1
+    return {"n": len(sessions), "agreement": agree / n, "wrong_sign": wrong / n,
+            "abstain": abstain / n, "unjudged": missing / n}
+
+
+def until_holds(satisfied: list[bool], streak: int = 3) -> int | None:
+    """Training interactions before the first run of `streak` satisfying ones began (OpenClaw-RL's
+    "sessions until the preference holds"); None when it never held."""
+    for i in range(len(satisfied) - streak + 1):
+        if all(satisfied[i:i + streak]):
+            return i
+    return None
 
 
 def run(persona: Persona, *, method: str | None, judge: str, seed: int, interactions: int,
@@ -226,13 +269,15 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
     rng = random.Random(seed)
     order = persona.train_prompts[:]
     rng.shuffle(order)
-    t0, points, train_scores, done = time.time(), [], [], 0
+    t0, points, train_scores, sessions, done = time.time(), [], [], [], 0
     try:
         with httpx.Client() as client:
             for cp in sorted(set(checkpoints)):
                 while done < min(cp, interactions):
-                    train_scores.append(interact(client, child, persona, order[done % len(order)], rng,
-                                                 seed * 1_000_003 + done))
+                    score, session = interact(client, child, persona, order[done % len(order)],
+                                              rng, seed * 1_000_003 + done)
+                    train_scores.append(score)
+                    sessions.append(session)
                     done += 1
                     progress(f"{persona.name}/{label}/seed {seed}: interaction {done}/{interactions} "
                              f"scored {train_scores[-1]:.2f}")
@@ -242,11 +287,18 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
                                **{k: h[k] for k in ("score", "empty", "degenerate", "samples")}})
                 progress(f"{persona.name}/{label}/seed {seed}: after {done} interactions held-out "
                          f"score {h['score']:.3f} (adapter {version}, {time.time() - t0:.0f} s)")
+        check = judge_check(child, persona, sessions, train_scores, settle_timeout)
+        progress(f"{persona.name}/{label}/seed {seed}: judge {judge} agreed with the user on "
+                 f"{check['agreement']:.0%} of {check['n']} answers, wrong sign "
+                 f"{check['wrong_sign']:.0%}, abstained {check['abstain']:.0%}")
     finally:
         child.stop()
+    satisfied = [persona.satisfied(x) for x in train_scores]
     return {"persona": persona.name, "method": label, "judge": judge, "seed": seed,
             "settings": recipe_overrides(dict(os.environ)), "points": points,
-            "train_scores": train_scores, "wall_s": time.time() - t0}
+            "train_scores": train_scores, "satisfied": satisfied,
+            "until_holds": until_holds(satisfied), "judge_check": check,
+            "wall_s": time.time() - t0}
 
 
 def main(args, cfg) -> int:

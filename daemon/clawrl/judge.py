@@ -22,7 +22,7 @@ import httpx
 from .chat_format import content_text
 from .errors import ClawrlError, ConfigError
 
-BACKENDS = ("rules", "engine", "openai")
+BACKENDS = ("rules", "probe", "engine", "openai")
 MESSAGE_CHARS = 2000      # each message shown to the judge: head and tail kept
 SYSTEM_CHARS = 300        # an OpenClaw system prompt runs to ~10k tokens; its head is enough
 CONTEXT_CHARS = 8000      # budget of the context window shown; the oldest messages go first
@@ -281,7 +281,7 @@ def user_vote(text: str, previous: str) -> tuple[int, str]:
     return 0, "no cue in the user reply"
 
 
-def _rules_hint(text: str) -> str | None:
+def rules_hint(text: str) -> str | None:
     text = " ".join(text.split())
     if len(text) > RULES_HINT_CHARS:
         text = text[:RULES_HINT_CHARS].rsplit(" ", 1)[0] + "…"
@@ -305,7 +305,7 @@ class RulesJudge:
                 results.append((vote, reason, None))
             elif m.get("role") == "user":
                 vote, reason = user_vote(text, previous)
-                results.append((vote, reason, _rules_hint(text) if vote == -1 else None))
+                results.append((vote, reason, rules_hint(text) if vote == -1 else None))
         if not results:
             return Judgment(score=0, votes=[0], raw=["rules: no user or tool message follows"],
                             hint=None)
@@ -377,6 +377,9 @@ def make_judge(backend: str, votes: int, complete: Complete | None = None) -> Ru
     """The judge for a recipe's `backend`; `engine` and `openai` judge through `complete`."""
     if backend == "rules":
         return RulesJudge()
+    if backend == "probe":
+        raise ConfigError("judge backend 'probe' needs the base model: build it with "
+                          "probe.ensure_head and wrap it in probe.ProbeJudge")
     if backend not in BACKENDS:
         raise ConfigError(f"unknown judge backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if complete is None:

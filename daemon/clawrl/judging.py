@@ -73,10 +73,34 @@ class Judging(BackgroundLoop):
             complete = openai_complete(j.url, j.model, j.api_key or None, j.temperature, j.max_tokens)
         elif j.backend == "engine":
             complete = engine_complete(engine, j.temperature, j.max_tokens)
-        self.judge = make_judge(j.backend, j.votes, complete)
+        # The probe's head needs the base model and maybe a minute to fit: made in _run.
+        self.judge = None if j.backend == "probe" else make_judge(j.backend, j.votes, complete)
+        self.backend = j.backend
         self.wake = asyncio.Event()
 
+    async def _prepare_probe(self) -> None:
+        """Load (or fit, the first time) the probe's head; without one, judge by the rules.
+        Turns wait in the turn log meanwhile, so nothing is lost while it fits."""
+        from . import probe
+        from .models import provision
+        try:
+            def build():
+                model_dir = provision(self.cfg.model.source, self.cfg.models_dir,
+                                      self.cfg.home / "cache")
+                return probe.ensure_head(model_dir, self.cfg.models_dir,
+                                         progress=lambda msg: log.info("probe head: %s", msg))
+            head, reader = await asyncio.to_thread(build)
+            self.judge = probe.ProbeJudge(head, reader)
+            log.info("judge: probe (threshold %.2f, dev correction recall %.2f)",
+                     head.meta.threshold, head.meta.dev.get("correction_recall", 0.0))
+        except Exception as e:
+            self.judge, self.backend = make_judge("rules", 1), "rules"
+            log.error("judge: the probe could not be built (%s); judging by the rules judge "
+                      "instead. Fix it with `clawrl judge train`, then restart.", e)
+
     async def _run(self) -> None:
+        if self.judge is None:
+            await self._prepare_probe()
         failing = FailingPass(log, "judging pass")
         while True:
             wait = 1.0

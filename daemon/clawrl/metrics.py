@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from . import adapters
-from .store import connect_sync
+from .store import JUDGE_VS_FEEDBACK, connect_sync, judge_agreement
 from .types import Attribution
 
 log = logging.getLogger("clawrl.metrics")
@@ -119,6 +119,15 @@ class Metrics:
             g.add_metric(["judge"], waiting[0])
             g.add_metric(["train"], waiting[1])
             yield g
+        agreement = self._agreement(state.cfg.db_path)
+        if agreement is not None:
+            g = GaugeMetricFamily("clawrl_judge_vs_feedback_turns",
+                                  "Turns both judged and rated by explicit feedback, by how the "
+                                  "judge's reading compares: agree, wrong_sign, abstain (read 0)",
+                                  labels=["reading"])
+            for key in ("agree", "wrong_sign", "abstain"):
+                g.add_metric([key], agreement[key])
+            yield g
         steps, loss = self._training(state.cfg.adapters_dir)
         yield CounterMetricFamily("clawrl_training_steps", "Training steps completed (each writes "
                                   "one adapter version; the newest version's number)", value=steps)
@@ -143,6 +152,20 @@ class Metrics:
                 db.close()
         except sqlite3.Error as e:     # not migrated yet, or busy: leave the gauge out this time
             log.debug("samples waiting not read: %s", e)
+            return None
+
+    @staticmethod
+    def _agreement(path) -> dict | None:
+        if not path.exists():
+            return None
+        try:
+            db = connect_sync(path)
+            try:
+                return judge_agreement(db.execute(JUDGE_VS_FEEDBACK).fetchone())
+            finally:
+                db.close()
+        except sqlite3.Error as e:
+            log.debug("judge agreement not read: %s", e)
             return None
 
     def _training(self, root) -> tuple[int, float | None]:

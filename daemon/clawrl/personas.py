@@ -10,6 +10,8 @@ A persona is a plain Python module: a built-in one lives in the repository's
     TRAIN_PROMPTS: list[str]       first messages used while training
     HELDOUT_PROMPTS: list[str]     first messages scored only, disjoint from TRAIN_PROMPTS, >= 40
     MAX_TOKENS: int                optional reply budget the eval should request (default 160)
+    HAPPY: float                   optional: the score at which this user is satisfied (default
+                                   1.0); the eval checks the judge's reading against it
     def score(prompt, response) -> float                  in [0, 1]
     def reply(prompt, response, score, rng) -> str        the user's next message
     def criteria(prompt, response) -> dict[str, bool]     optional: each criterion of the score,
@@ -52,6 +54,10 @@ class Persona:
     reply: Callable[[str, str, float, random.Random], str]  # (prompt, response, score, rng) -> next
     max_tokens: int                      # reply budget the eval should request
     criteria: Callable[[str, str], dict[str, bool]] | None = None   # optional per-criterion view
+    happy: float = 1.0                   # satisfied at or above this score
+
+    def satisfied(self, score: float) -> bool:
+        return score >= self.happy
 
 
 def resolve(name_or_path: str) -> Path:
@@ -108,11 +114,15 @@ def load(name_or_path: str) -> Persona:
     criteria = getattr(mod, "criteria", None)
     if criteria is not None and not callable(criteria):
         raise bad("criteria must be a function (or left out)")
+    happy = getattr(mod, "HAPPY", 1.0)
+    if isinstance(happy, bool) or not isinstance(happy, (int, float)) or not 0 < happy <= 1:
+        raise bad("HAPPY must be a number in (0, 1] (or left out for 1.0): the score at which "
+                  "the user is satisfied")
     return Persona(name=mod.NAME, preference=mod.PREFERENCE, system=system,
                    train_prompts=prompts["TRAIN_PROMPTS"],
                    heldout_prompts=prompts["HELDOUT_PROMPTS"],
                    score=_checked_score(mod.score, path), reply=_checked_reply(mod.reply, path),
-                   max_tokens=max_tokens, criteria=criteria)
+                   max_tokens=max_tokens, criteria=criteria, happy=float(happy))
 
 
 def _import(path: Path):

@@ -142,6 +142,7 @@ def render(info: dict) -> str:
                          "the trainer")
         row("  done", f"{c['judged']} judged, {c['with_feedback']} with feedback, "
                       f"{c['trained']} trained")
+        row("  judge vs you", agreement_text(c.get("judge_vs_feedback")))
     a = info["last_adapter"]
     if a is None:
         row("last adapter", "none trained yet")
@@ -153,6 +154,14 @@ def render(info: dict) -> str:
     row("home", info["home"])
     row("turn log", info["db"] + ("" if info["counts"] is not None else "  (not created yet)"))
     return "\n".join(lines)
+
+
+def agreement_text(a: dict | None) -> str:
+    """How often the judge read a turn as the user's explicit feedback rated it."""
+    if not a or not a["rated"]:
+        return "no turn both judged and rated yet (rate one with /clawrl good|bad)"
+    return (f"agreed on {a['agree']} of {a['rated']} rated turns ({a['agreement']:.0%}), "
+            f"wrong sign on {a['wrong_sign']}, no reading on {a['abstain']}")
 
 
 def as_json(info: dict) -> str:

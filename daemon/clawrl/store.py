@@ -58,6 +58,22 @@ UNSETTLED = (f"({AWAITING_JUDGE}) OR ({AWAITING_TRAINER}) OR (({AWAITING_NEXT_ST
              " AND session_id IN (SELECT id FROM sessions WHERE ended_at IS NULL))")
 
 
+# The judge's own reading beside the user's explicit feedback on the same turn: how well the judge
+# hears this user. Both are kept (feedback overrides the reward, never the judge's record).
+JUDGE_VS_FEEDBACK = (
+    "SELECT count(*) AS rated, coalesce(sum(judge_score = feedback_reward), 0) AS agree,"
+    " coalesce(sum(judge_score * feedback_reward = -1), 0) AS wrong_sign,"
+    " coalesce(sum(judge_score = 0), 0) AS abstain"
+    " FROM turns WHERE judge_status='done' AND feedback_reward IS NOT NULL")
+
+
+def judge_agreement(row) -> dict:
+    """The counts of JUDGE_VS_FEEDBACK with the agreement as a share (None with nothing rated)."""
+    rated, agree, wrong, abstain = (int(x or 0) for x in row)
+    return {"rated": rated, "agree": agree, "wrong_sign": wrong, "abstain": abstain,
+            "agreement": agree / rated if rated else None}
+
+
 def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), ensure_ascii=False)
 
@@ -322,9 +338,11 @@ class Store:
                 " AND status='complete' AND judge_status IS NULL)"
                 " FROM turns") as cur:
             total, open_, with_next, judged, waiting = await cur.fetchone()
+        async with self.db.execute(JUDGE_VS_FEEDBACK) as cur:
+            agreement = judge_agreement(await cur.fetchone())
         return {"turns": total, "in_flight_or_incomplete": open_ or 0,
                 "with_next_state": with_next or 0, "judged": judged or 0,
-                "awaiting_judge": waiting or 0}
+                "awaiting_judge": waiting or 0, "judge_vs_feedback": agreement}
 
 
 def _calls_key(calls) -> list | None:
@@ -394,6 +412,8 @@ def read_counts(path: Path) -> dict:
             f" min(created_at) AS first_at, max(created_at) AS last_at FROM turns").fetchone()
         sessions = db.execute("SELECT count(*), coalesce(sum(ended_at IS NULL), 0) FROM sessions"
                               ).fetchone()
+        agreement = judge_agreement(db.execute(JUDGE_VS_FEEDBACK).fetchone())
     finally:
         db.close()
-    return {**dict(row), "sessions": sessions[0], "open_sessions": sessions[1]}
+    return {**dict(row), "sessions": sessions[0], "open_sessions": sessions[1],
+            "judge_vs_feedback": agreement}
