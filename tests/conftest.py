@@ -44,9 +44,12 @@ class Daemon:
         self.home, self.port = home, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Training is off unless a test turns it on: serving tests want a model that stays put.
+        # The judge is the deterministic rules judge unless a test asks for another: tests assert
+        # exact judgments (the probe judge has its own tests, test_probe.py).
         # Skills publish into the home, never into the OpenClaw workspace of whoever runs the tests.
         self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
                     "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false",
+                    "CLAWRL_JUDGE_BACKEND": "rules",
                     "CLAWRL_SKILLS_TARGET": str(home / "openclaw-skills"), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = home / f"daemon-{self.port}.log"

@@ -48,7 +48,7 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
     r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
-                        "--methods", "rl", "--seeds", "1", "--interactions", "2",
+                        "--methods", "rl", "--judge", "rules", "--seeds", "1", "--interactions", "2",
                         "--checkpoints", "0,2", "--heldout", "2", "--out", str(out),
                         "--work", str(work)], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -60,6 +60,12 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
         assert [p["interactions"] for p in run["points"]] == [0, 2]
         assert all(0.0 <= p["score"] <= 1.0 for p in run["points"])
         assert len(run["train_scores"]) == 2
+        # The judge's reading of each training answer against the user's own satisfaction: this
+        # persona's replies are plain, so the rules judge reads both right.
+        assert run["judge_check"] == {"n": 2, "agreement": 1.0, "wrong_sign": 0.0,
+                                      "abstain": 0.0, "unjudged": 0.0}
+        assert run["satisfied"] == [s >= 1.0 for s in run["train_scores"]]
+        assert run["until_holds"] is None          # 3 satisfied in a row cannot fit in 2
     assert runs["no-train"]["points"][-1]["adapter"] == 0
     # What the user set on top of the recipe is recorded with every run and shown in the table.
     assert all(run["settings"].get("train.poll_s") == "0.2" for run in runs.values())
@@ -75,6 +81,7 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     assert runs["rl"]["points"][-1]["adapter"] >= 1
     table = (out / "results.md").read_text()
     assert "## shouty" in table and "| rl |" in table and "| no-train |" in table
+    assert "| rl | rules | 1.00 | 0.00 | 0.00 | 0.00 | > 0 |" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # bench/criteria.py splits each checkpoint's held-out answers by criterion, from the daemons'
@@ -110,7 +117,7 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     # --resume keeps the finished runs; a run that fails (here: its daemon finds no model) is
     # recorded with its error and does not stop the evaluation.
     r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
-                        "--methods", "rl,opd", "--seeds", "1", "--interactions", "2",
+                        "--methods", "rl,opd", "--judge", "rules", "--seeds", "1", "--interactions", "2",
                         "--checkpoints", "0,2", "--heldout", "2", "--out", str(out),
                         "--work", str(work), "--resume"], env={**env, "CLAWRL_MODEL_SOURCE": str(tmp_path / "no-model")},
                        capture_output=True, text=True, timeout=600)
@@ -141,7 +148,8 @@ def test_a_killed_eval_takes_its_daemon_with_it(tmp_path):
     (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
     work = tmp_path / "work"
     ev = subprocess.Popen([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
-                           "--methods", "rl", "--seeds", "1", "--no-control", "--interactions", "2",
+                           "--methods", "rl", "--judge", "rules", "--seeds", "1", "--no-control",
+                           "--interactions", "2",
                            "--checkpoints", "0,2", "--heldout", "2", "--out", str(tmp_path / "out"),
                            "--work", str(work)], env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
@@ -172,3 +180,11 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_interactions_until_the_preference_holds():
+    from clawrl.evaluate import until_holds
+    assert until_holds([True, True, True]) == 0
+    assert until_holds([False, True, True, False, True, True, True, False]) == 4
+    assert until_holds([True, True, False] * 4) is None
+    assert until_holds([]) is None

@@ -138,24 +138,29 @@ def test_student_commas_in_numbers_and_unknown_prompt(student):
     assert student.score(prompt, "- 1,250 hens") == pytest.approx(3 / 5)
 
 
+def said_from(text: str, bank: list[str]) -> bool:
+    """Whether a reply says one of the wordings of a bank (after any lead)."""
+    return any(w in text for w in bank)
+
+
 def test_student_replies(student):
+    """Each failure is answered from its own bank of wordings; satisfaction from the thanks bank.
+    (The words themselves are not checked: they are written as people write, for no judge.)"""
+    mod = module_of(student)
     prompt = student.heldout_prompts[0]
     bullets = "- First step.\n- Second step."
     corrections = replies(student, prompt, bullets, 0.3)
     assert len(corrections) >= 3
-    assert all(("bullet" in c.lower() or "list" in c.lower() or "numbered" in c.lower())
-               for c in corrections)
+    assert all(said_from(c, mod._CORRECTIONS["no_list"]) for c in corrections)
     bold = "The total is **10** dollars. So the change is 10 dollars."
-    assert all("bold" in c.lower() for c in replies(student, prompt, bold, 0.8))
+    assert all(said_from(c, mod._CORRECTIONS["no_bold"]) for c in replies(student, prompt, bold, 0.8))
     label = "We take 40 from 50. Final answer: 10"
-    assert any("final answer" in c.lower() or "label" in c.lower()
+    assert any(said_from(c, mod._CORRECTIONS["no_label"])
                for c in replies(student, prompt, label, 0.8))
     thanks = replies(student, prompt, "Fine prose.", 1.0)
     assert len(thanks) >= 3 and not thanks & corrections
-    assert all(("thank" in t.lower() or "great" in t.lower() or "perfect" in t.lower()
-                or "awesome" in t.lower()) for t in thanks)
-    assert all("you didn't" in c.lower() or "empty" in c.lower()
-               for c in replies(student, prompt, "  ", 0.0))
+    assert thanks <= set(mod._THANKS)
+    assert replies(student, prompt, "  ", 0.0) <= set(mod._EMPTY)
 
 
 # -- teacher -----------------------------------------------------------------------------------------
@@ -218,18 +223,19 @@ def test_teacher_specific_kind_comment_passes_on_every_prompt(teacher):
 
 
 def test_teacher_replies(teacher):
-    prompt = teacher_prompt(teacher, "Biscuit")
     mod = module_of(teacher)
+    prompt = teacher_prompt(teacher, "Biscuit")
     name = mod.ESSAYS[prompt][0]
     generic = "Good job! Nice work, keep it up."
     corrections = replies(teacher, prompt, generic, 0.25)
     assert len(corrections) >= 3
-    assert all(("specific" in c or "Biscuit" in c or "piano" in c or "recital" in c)
-               for c in corrections)
+
+    def bank(key):
+        return [w.split("{")[0] for w in mod._CORRECTIONS[key]]   # the words before a slot
+    assert all(said_from(c, bank("specific")) for c in corrections)
     harsh = "Sloppy and lazy. The Biscuit part is boring, try harder next time."
-    assert all(("harsh" in c or "kind" in c or "soften" in c)
-               for c in replies(teacher, prompt, harsh, 0.5))
-    thanks = replies(teacher, prompt, "anything", 1.0)
+    assert all(said_from(c, bank("harsh")) for c in replies(teacher, prompt, harsh, 0.5))
+    thanks = replies(teacher, prompt, "anything", 1.0, range(200))
     assert len(thanks) >= 3 and not thanks & corrections
     assert any(name in t for t in thanks)
 
@@ -256,17 +262,15 @@ def test_concise_scores_by_length(concise):
 
 
 def test_concise_replies(concise):
+    mod = module_of(concise)
     prompt = concise.heldout_prompts[0]
     long_answer = " ".join(["word"] * 70)
     corrections = replies(concise, prompt, long_answer, concise.score(prompt, long_answer))
-    assert len(corrections) >= 3
-    assert all(("short" in c.lower() or "long" in c.lower() or "one sentence" in c.lower()
-                or "one-line" in c.lower() or "tl;dr" in c.lower()) for c in corrections)
+    assert len(corrections) >= 3 and corrections <= set(mod._TOO_LONG)
     mild = replies(concise, prompt, "x", 0.7)
-    assert all("short" in c.lower() or "trim" in c.lower() or "under 25" in c for c in mild)
+    assert mild <= set(mod._A_BIT_LONG)
     thanks = replies(concise, prompt, "Paris.", 1.0)
-    assert len(thanks) >= 3 and not thanks & (corrections | mild)
-    assert all("thank" in t.lower() or "perfect" in t.lower() for t in thanks)
+    assert len(thanks) >= 3 and not thanks & (corrections | mild) and thanks <= set(mod._THANKS)
 
 
 # -- the loader --------------------------------------------------------------------------------------

@@ -359,8 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--methods", default="rl,opd,combine", help="comma list (default rl,opd,combine)")
     sp.add_argument("--no-control", dest="control", action="store_false",
                     help="skip the no-train control run")
-    sp.add_argument("--judge", default="rules", choices=("probe", "rules", "engine", "openai"),
-                    help="judge backend of the daemons (default rules)")
+    sp.add_argument("--judge", choices=("probe", "rules", "engine", "openai"),
+                    help="judge backend of the daemons (default: the recipe's)")
     sp.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3)")
     sp.add_argument("--interactions", type=int, default=36, help="interactions per run (default 36)")
     sp.add_argument("--checkpoints", default="0,12,24,36",

@@ -108,11 +108,14 @@ class OpdConfig:
 
 @dataclass
 class JudgeConfig:
-    backend: str = _f("rules", "who judges turns: probe (a head on the base model's hidden "
+    backend: str = _f("probe", "who judges turns: probe (a head on the base model's hidden "
                       "states, fitted on the feedback corpus; needs a local base model), rules "
                       "(deterministic cue phrases), engine (the served base model, adapters off) "
                       "or openai (any OpenAI-compatible endpoint)",
                       ("probe", "rules", "engine", "openai"))
+    probe_data: str = _f("", "probe backend: a folder with train.jsonl and dev.jsonl of labelled "
+                         "feedback to fit the head on (default: the built-in corpus, "
+                         "recipes/feedback)")
     votes: int = _f(3, "judge calls per turn (and as many hint calls); majority wins", minimum=1)
     temperature: float = _f(0.6, "sampling temperature of judge calls", minimum=0.0)
     max_tokens: int = _f(128, "budget of one judge call (an engine call also ends at its answer)",

@@ -308,6 +308,7 @@ def main(args, cfg) -> int:
 
     from . import eval_report, personas
     methods = [m for m in args.methods.split(",") if m]
+    args.judge = args.judge or cfg.judge.backend
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.interactions})
     work = Path(args.work or tempfile.mkdtemp(prefix="clawrl-eval-"))
     loaded = [personas.load(name) for name in args.persona]   # fail on a bad file before any run

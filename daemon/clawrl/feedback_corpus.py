@@ -115,18 +115,23 @@ def read(path: Path | str) -> list[Example]:
     return out
 
 
-def load(split: str) -> list[Example]:
-    """One split of the built-in corpus."""
+def load(split: str, folder: Path | None = None) -> list[Example]:
+    """One split of a corpus folder (default: the built-in corpus)."""
     if split not in SPLITS:
         raise CorpusError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    return read(CORPUS_DIR / f"{split}.jsonl")
+    return read(Path(folder or CORPUS_DIR) / f"{split}.jsonl")
 
 
-def fingerprint(splits: tuple[str, ...] = ("train", "dev")) -> str:
-    """A hash of the split files a head was fitted on: a changed corpus means a new head."""
+def fingerprint(folder: Path | None = None, splits: tuple[str, ...] = ("train", "dev")) -> str:
+    """A hash of the split files a head is fitted on: a changed corpus means a new head."""
     h = hashlib.sha256()
     for s in splits:
-        h.update((CORPUS_DIR / f"{s}.jsonl").read_bytes())
+        path = Path(folder or CORPUS_DIR) / f"{s}.jsonl"
+        try:
+            h.update(path.read_bytes())
+        except OSError as e:
+            raise CorpusError(f"cannot read {path}: {e}; a corpus folder needs train.jsonl and "
+                              "dev.jsonl") from e
     return h.hexdigest()[:16]
 
 

@@ -116,7 +116,8 @@ def _judge_for(backend: str, cfg):
         from . import probe
         from .models import provision
         model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-        head, reader = probe.ensure_head(model_dir, cfg.models_dir, progress=_say)
+        head, reader = probe.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
+                                         progress=_say)
         return probe.ProbeJudge(head, reader), None
     if backend == "openai":
         if not (cfg.judge.url and cfg.judge.model):
@@ -172,7 +173,8 @@ def cmd_train(args, cfg) -> int:
     from . import probe
     from .models import provision
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-    head, _ = probe.ensure_head(model_dir, cfg.models_dir, rebuild=True, progress=_say)
+    head, _ = probe.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
+                                rebuild=True, progress=_say)
     m = head.meta
     print(f"probe head for {model_dir.name} ({m.model_hash}) fitted on {m.train_lines} lines in "
           f"{m.fit_s:.0f} s: layers {m.layers}, L2 {m.l2:g}, threshold {m.threshold:.2f}")

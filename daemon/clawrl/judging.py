@@ -88,6 +88,7 @@ class Judging(BackgroundLoop):
                 model_dir = provision(self.cfg.model.source, self.cfg.models_dir,
                                       self.cfg.home / "cache")
                 return probe.ensure_head(model_dir, self.cfg.models_dir,
+                                         self.cfg.judge.probe_data or None,
                                          progress=lambda msg: log.info("probe head: %s", msg))
             head, reader = await asyncio.to_thread(build)
             self.judge = probe.ProbeJudge(head, reader)

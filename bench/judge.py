@@ -1,0 +1,133 @@
+"""What a judge costs: milliseconds per judgment, and whether judging slows serving.
+
+1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
+   light load) by the rules judge and by the probe; median and 95th percentile per judgment.
+2. Serving: a real `clawrl serve` per judge (the converted model shared). A streamed 160-token
+   answer is timed while another client keeps sending short sessions whose replies the judge must
+   read (each asks for one token, so what the daemon does for them is mostly judging). The decode
+   rate under the probe's judging is reported as a ratio to the same load under the rules judge,
+   whose judgments cost nothing, and to the idle rate.
+
+    .venv/bin/python bench/judge.py [--lines 154] [--rounds 3] [--out bench/results/judge.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from clawrl import feedback_corpus as corpus
+from clawrl import judge_eval, probe
+from clawrl.config import load_config
+from clawrl.evaluate import Child
+from clawrl.judge import RulesJudge
+from clawrl.models import provision
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import emit  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+
+
+def latency(judge_one, lines: list) -> dict:
+    """Milliseconds per judgment, one line at a time."""
+    times = []
+    for e in lines:
+        t0 = time.perf_counter()
+        judge_one(judge_eval.judge_input(e))
+        times.append(1000 * (time.perf_counter() - t0))
+    times.sort()
+    return {"p50_ms": statistics.median(times), "p95_ms": times[int(0.95 * (len(times) - 1))],
+            "n": len(times)}
+
+
+def decode_rate(url: str) -> float:
+    """Tokens per second of one streamed answer, first token excluded."""
+    n, first = 0, None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=600, json={
+            "messages": PROMPT, "max_tokens": 160, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}, headers={"X-Clawrl-No-Train": "1"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                first = first or time.perf_counter()
+                n += 1
+    return (n - 1) / (time.perf_counter() - first)
+
+
+def feedback_load(url: str, replies: list[str], stop: threading.Event) -> None:
+    """Short sessions, each ending in a reply the judge must read."""
+    i = 0
+    with httpx.Client(timeout=600) as c:
+        while not stop.is_set():
+            sid = f"bench-{uuid.uuid4().hex[:8]}"
+            msgs = [{"role": "user", "content": "What is the capital of Peru?"}]
+            for reply in (replies[i % len(replies)], None):
+                r = c.post(f"{url}/v1/chat/completions", headers={"X-Session-Id": sid},
+                           json={"messages": msgs, "max_tokens": 1, "temperature": 0})
+                msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]
+                          ["content"] or "Lima."}, {"role": "user", "content": reply or "ok"}]
+            i += 1
+
+
+def serving(judge: str, models: Path, work: Path, replies: list[str], rounds: int) -> dict:
+    child = Child(work / judge, models, {"CLAWRL_JUDGE_BACKEND": judge,
+                                         "CLAWRL_TRAIN_ENABLED": "false"}, None).start()
+    try:
+        decode_rate(child.url)                          # warm up (and the probe's head loads)
+        time.sleep(5)
+        idle = [decode_rate(child.url) for _ in range(rounds)]
+        stop = threading.Event()
+        load = threading.Thread(target=feedback_load, args=(child.url, replies, stop))
+        load.start()
+        time.sleep(3)
+        loaded = [decode_rate(child.url) for _ in range(rounds)]
+        stop.set()
+        load.join()
+        judged = child.count("SELECT count(*) FROM turns WHERE judge_status='done'")
+    finally:
+        child.stop()
+    return {"idle_tok_s": statistics.median(idle), "under_load_tok_s": statistics.median(loaded),
+            "judged": judged}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=154, help="test-split lines to time (default 154)")
+    ap.add_argument("--rounds", type=int, default=3, help="streamed answers per condition")
+    ap.add_argument("--out", help="also write the JSON result here")
+    args = ap.parse_args()
+    cfg = load_config(None)
+    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    lines = corpus.load("test")[:args.lines]
+    head, reader = probe.ensure_head(model_dir, cfg.models_dir)
+    mine = probe.ProbeJudge(head, reader)
+    latency(mine.judge_sync, lines[:5])                 # warm up
+    rules = RulesJudge()
+    result = {"latency": {"probe": latency(mine.judge_sync, lines),
+                          "rules": latency(lambda inp: asyncio.run(rules.judge(inp)), lines)}}
+    print(f"probe: {result['latency']['probe']['p50_ms']:.0f} ms median per judgment, "
+          f"p95 {result['latency']['probe']['p95_ms']:.0f} ms", file=sys.stderr)
+    del mine, reader
+    replies = [e.text for e in lines]
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-judge-") as tmp:
+        runs = {j: serving(j, cfg.models_dir, Path(tmp), replies, args.rounds)
+                for j in ("rules", "probe")}
+    result["serving"] = runs
+    result["serving"]["probe_vs_rules_under_load"] = (runs["probe"]["under_load_tok_s"]
+                                                      / runs["rules"]["under_load_tok_s"])
+    result["serving"]["probe_under_load_vs_idle"] = (runs["probe"]["under_load_tok_s"]
+                                                     / runs["probe"]["idle_tok_s"])
+    emit(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

