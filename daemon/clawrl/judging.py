@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 
 from .chat_format import content_text
 from .background import BackgroundLoop, FailingPass
@@ -75,7 +76,6 @@ class Judging(BackgroundLoop):
             complete = engine_complete(engine, j.temperature, j.max_tokens)
         # The probe's head needs the base model and maybe a minute to fit: made in _run.
         self.judge = None if j.backend == "probe" else make_judge(j.backend, j.votes, complete)
-        self.backend = j.backend
         self.wake = asyncio.Event()
 
     async def _prepare_probe(self) -> None:
@@ -83,19 +83,25 @@ class Judging(BackgroundLoop):
         Turns wait in the turn log meanwhile, so nothing is lost while it fits."""
         from . import probe
         from .models import provision
+        self._stopping = threading.Event()
         try:
             def build():
                 model_dir = provision(self.cfg.model.source, self.cfg.models_dir,
                                       self.cfg.home / "cache")
                 return probe.ensure_head(model_dir, self.cfg.models_dir,
                                          self.cfg.judge.probe_data or None,
-                                         progress=lambda msg: log.info("probe head: %s", msg))
-            head, reader = await asyncio.to_thread(build)
+                                         progress=lambda msg: log.info("probe head: %s", msg),
+                                         cancel=self._stopping)
+            try:
+                head, reader = await asyncio.shield(asyncio.to_thread(build))
+            except asyncio.CancelledError:
+                self._stopping.set()     # the fit stops at its next batch; shutdown goes on
+                raise
             self.judge = probe.ProbeJudge(head, reader)
             log.info("judge: probe (threshold %.2f, dev correction recall %.2f)",
                      head.meta.threshold, head.meta.dev.get("correction_recall", 0.0))
         except Exception as e:
-            self.judge, self.backend = make_judge("rules", 1), "rules"
+            self.judge = make_judge("rules", 1)
             log.error("judge: the probe could not be built (%s); judging by the rules judge "
                       "instead. Fix it with `clawrl judge train`, then restart.", e)
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -105,12 +106,15 @@ class Reader:
         return ids, max(1, min(reply, len(ids)))
 
     @torch.inference_mode()
-    def features(self, exchanges: list[list[dict]], batch: int = 16) -> torch.Tensor:
+    def features(self, exchanges: list[list[dict]], batch: int = 16,
+                 cancel: threading.Event | None = None) -> torch.Tensor:
         """One row per exchange: the last token's hidden state at LAST_TOKEN_AT and the reply's
         mean at REPLY_MEAN_AT, concatenated. Left padding with explicit positions, so a batch
         reads as the exchanges would one by one."""
         rows = []
         for i in range(0, len(exchanges), batch):
+            if cancel is not None and cancel.is_set():
+                raise ProbeError("stopped before the probe's features were read")
             seqs = [self._ids(m) for m in exchanges[i:i + batch]]
             width = max(len(s) for s, _ in seqs)
             ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
@@ -273,7 +277,8 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
     return Head(mean, std, w, b, meta)
 
 
-def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None):
+def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
+                    cancel: threading.Event | None = None):
     """Features of labelled examples, kept in `cache` (a safetensors file) once computed: the
     base model's reading of a fixed corpus never changes, so a refit takes seconds."""
     from safetensors.torch import load_file, save_file
@@ -286,7 +291,7 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
             log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
     if progress:
         progress(f"reading {len(examples)} labelled lines through the base model")
-    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples])
+    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples], cancel=cancel)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
@@ -314,14 +319,25 @@ def head_folder(models_dir: Path, digest: str) -> Path:
     return models_dir / "probes" / digest / "head"
 
 
+def _clean_leftovers(folder: Path) -> None:
+    """Temp files and folders of a fit that was killed midway (each write is tmp + rename)."""
+    for junk in folder.glob(".*.tmp-*"):
+        shutil.rmtree(junk, ignore_errors=True) if junk.is_dir() else junk.unlink(missing_ok=True)
+    for junk in folder.glob(".head.old-*"):
+        shutil.rmtree(junk, ignore_errors=True)
+
+
 def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
-                reader: Reader | None = None, rebuild: bool = False,
-                progress=None) -> tuple[Head, Reader]:
+                reader: Reader | None = None, rebuild: bool = False, progress=None,
+                cancel: threading.Event | None = None) -> tuple[Head, Reader]:
     """The head for this base model and corpus (`data`, default the built-in one): loaded, or
-    fitted and saved when it is missing, unreadable, or fitted on another corpus."""
+    fitted and saved when it is missing, unreadable, or fitted on another corpus. `cancel` stops
+    a fit between batches (ProbeError); nothing half-written is left."""
     data = Path(data or corpus.CORPUS_DIR)
     digest, corpus_print = model_hash(model_dir), corpus.fingerprint(data)
     folder = head_folder(models_dir, digest)
+    if folder.parent.exists():
+        _clean_leftovers(folder.parent)
     if folder.exists() and not rebuild:
         try:
             head = Head.load(folder)
@@ -337,8 +353,8 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     train, dev = corpus.load("train", data), corpus.load("dev", data)
     dtype = str(reader.dtype).removeprefix("torch.")
     cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}"
-    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress)
-    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress)
+    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
+    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": str(reader.dtype)},
                     digest, corpus_print, progress)
     head.save(folder)
