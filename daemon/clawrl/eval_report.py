@@ -74,7 +74,9 @@ def persona_table(runs: list[dict], persona: str) -> list[str]:
                  and r["method"] == method and not r.get("error")]
         lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
                      + f" | {len(walls)} | {statistics.fmean(walls) / 60:.1f} min |")
-    lines += ["", *judge_table(runs, persona)]
+    judged = judge_table(runs, persona)
+    if judged:
+        lines += ["", *judged]
     bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
            for r in runs if r["persona"] == persona for p in r["points"]]
     worst = max(bad, key=lambda b: b[3] + b[4], default=None)

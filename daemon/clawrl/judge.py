@@ -306,12 +306,18 @@ class RulesJudge:
             elif m.get("role") == "user":
                 vote, reason = user_vote(text, previous)
                 results.append((vote, reason, rules_hint(text) if vote == -1 else None))
-        if not results:
-            return Judgment(score=0, votes=[0], raw=["rules: no user or tool message follows"],
-                            hint=None)
-        vote, reason, hint = (next((r for r in results if r[0] == -1), None)
-                              or next((r for r in results if r[0] == 1), None) or results[0])
-        return Judgment(score=vote, votes=[vote], raw=[f"rules: {reason}"], hint=hint)
+        return combine([(v, f"rules: {why}", hint) for v, why, hint in results], "rules")
+
+
+def combine(results: list[tuple[int, str, str | None]], who: str) -> Judgment:
+    """One judgment from the (vote, reason, hint) of each next-state message: an error or a
+    correction anywhere wins, then any success; nothing to read gives 0."""
+    if not results:
+        return Judgment(score=0, votes=[0], raw=[f"{who}: no user or tool message follows"],
+                        hint=None)
+    vote, reason, hint = (next((r for r in results if r[0] == -1), None)
+                          or next((r for r in results if r[0] == 1), None) or results[0])
+    return Judgment(score=vote, votes=[vote], raw=[reason], hint=hint)
 
 
 # ---------------------------------------------------------------------------------- model judge

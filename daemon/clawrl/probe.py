@@ -14,6 +14,7 @@ a private copy cut after the last layer read (no LM head), so the probe never to
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ import torch
 from . import feedback_corpus as corpus
 from .chat_format import content_text
 from .errors import ClawrlError
-from .judge import JudgeInput, Judgment, rules_hint, tool_vote
+from .judge import JudgeInput, Judgment, combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 
@@ -358,6 +359,9 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": str(reader.dtype)},
                     digest, corpus_print, progress)
     head.save(folder)
+    for stale in folder.parent.glob("features-*"):    # caches of corpora no longer fitted on
+        if not stale.name.startswith(cache.name + "."):
+            stale.unlink(missing_ok=True)
     log.info("probe head fitted in %.0f s, threshold %.2f, saved to %s", head.meta.fit_s,
              head.meta.threshold, folder)
     return head, reader
@@ -400,7 +404,8 @@ class ProbeJudge:
         for m in inp.next_state:
             text = content_text(m.get("content"))
             if m.get("role") == "tool":
-                results.append((*tool_vote(text), None))
+                vote, why = tool_vote(text)
+                results.append((vote, f"tool: {why}", None))
             elif m.get("role") == "user":
                 why = unreadable(text)
                 if why:
@@ -410,14 +415,8 @@ class ProbeJudge:
         if to_read:
             for text, (vote, reason) in zip(to_read, self.read(question, inp.response, to_read)):
                 results.append((vote, reason, rules_hint(text) if vote == -1 else None))
-        if not results:
-            return Judgment(score=0, votes=[0], raw=["probe: no user or tool message follows"],
-                            hint=None)
-        vote, reason, hint = (next((r for r in results if r[0] == -1), None)
-                              or next((r for r in results if r[0] == 1), None) or results[0])
-        return Judgment(score=vote, votes=[vote], raw=[reason], hint=hint)
+        return combine(results, "probe")
 
     async def judge(self, inp: JudgeInput) -> Judgment:
-        import asyncio
         return await asyncio.to_thread(self.judge_sync, inp)
 
