@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from clawrl import feedback_corpus as corpus
-from clawrl import judge_eval, probe
+from clawrl import judge_eval, probe, probe_fit
 from clawrl.config import load_config
 from clawrl.evaluate import Child
 from clawrl.judge import RulesJudge
@@ -107,7 +107,7 @@ def main() -> int:
     cfg = load_config(None)
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     lines = corpus.load("test")[:args.lines]
-    head, reader = probe.ensure_head(model_dir, cfg.models_dir)
+    head, reader = probe_fit.ensure_head(model_dir, cfg.models_dir)
     mine = probe.ProbeJudge(head, reader)
     latency(mine.judge_sync, lines[:5])                 # warm up
     rules = RulesJudge()

@@ -270,7 +270,7 @@ def test_make_judge():
         make_judge("engine", 3)
     with pytest.raises(ConfigError, match="rules, probe, engine, openai"):
         make_judge("gpt", 3, complete)
-    with pytest.raises(ConfigError, match="probe.ensure_head"):   # it needs the base model
+    with pytest.raises(ConfigError, match="probe_fit.ensure_head"):   # it needs the base model
         make_judge("probe", 3, complete)
     with pytest.raises(ConfigError, match="at least 1"):
         make_judge("openai", 0, complete)

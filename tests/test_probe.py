@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from clawrl import feedback_corpus as corpus
-from clawrl import judge_eval, probe
+from clawrl import judge_eval, probe, probe_fit
 from clawrl.judge import JudgeInput, RulesJudge
 from conftest import MODEL_CACHE
 
@@ -25,18 +25,18 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def fitted(model_dir):
-    head, reader = probe.ensure_head(model_dir, MODEL_CACHE)
+    head, reader = probe_fit.ensure_head(model_dir, MODEL_CACHE)
     return probe.ProbeJudge(head, reader)
 
 
 def test_the_head_is_stored_by_model_hash_with_its_dev_numbers(fitted, model_dir):
     meta = fitted.head.meta
-    folder = probe.head_folder(MODEL_CACHE, probe.model_hash(model_dir))
+    folder = probe_fit.head_folder(MODEL_CACHE, probe_fit.model_hash(model_dir))
     assert (folder / "head.safetensors").exists() and (folder / "meta.json").exists()
     assert meta.corpus == corpus.fingerprint() and meta.train_lines == len(corpus.load("train"))
     assert 0.34 <= meta.threshold < 1 and meta.dev["correction_precision"] >= probe.MIN_PRECISION
     # Loading again gives the same head, without fitting.
-    again, _ = probe.ensure_head(model_dir, MODEL_CACHE, reader=fitted.reader)
+    again, _ = probe_fit.ensure_head(model_dir, MODEL_CACHE, reader=fitted.reader)
     assert again.meta.created_at == meta.created_at
 
 
@@ -83,11 +83,11 @@ def test_a_correction_gives_its_words_as_the_hint(fitted):
 
 def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
     models = tmp_path / "models"
-    src = probe.head_folder(MODEL_CACHE, fitted.head.meta.model_hash).parent
+    src = probe_fit.head_folder(MODEL_CACHE, fitted.head.meta.model_hash).parent
     shutil.copytree(src, models / "probes" / src.name)
-    folder = probe.head_folder(models, fitted.head.meta.model_hash)
+    folder = probe_fit.head_folder(models, fitted.head.meta.model_hash)
     (folder / "head.safetensors").write_bytes(b"not a tensor file")
-    head, _ = probe.ensure_head(model_dir, models, reader=fitted.reader)
+    head, _ = probe_fit.ensure_head(model_dir, models, reader=fitted.reader)
     assert head.meta.created_at > fitted.head.meta.created_at
     assert probe.Head.load(folder).meta.created_at == head.meta.created_at
     # A head fitted on another corpus is refitted too.
@@ -97,7 +97,7 @@ def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
         lines = corpus.load(split)
         few = [e for label in (-1, 0, 1) for e in [e for e in lines if e.label == label][:20]]
         (data / f"{split}.jsonl").write_text(corpus.render(few))
-    other, _ = probe.ensure_head(model_dir, models, data, reader=fitted.reader)
+    other, _ = probe_fit.ensure_head(model_dir, models, data, reader=fitted.reader)
     assert other.meta.corpus == corpus.fingerprint(data) and other.meta.train_lines == 60
 
 

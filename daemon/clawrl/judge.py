@@ -385,7 +385,7 @@ def make_judge(backend: str, votes: int, complete: Complete | None = None) -> Ru
         return RulesJudge()
     if backend == "probe":
         raise ConfigError("judge backend 'probe' needs the base model: build it with "
-                          "probe.ensure_head and wrap it in probe.ProbeJudge")
+                          "probe_fit.ensure_head and wrap it in probe.ProbeJudge")
     if backend not in BACKENDS:
         raise ConfigError(f"unknown judge backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if complete is None:

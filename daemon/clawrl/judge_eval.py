@@ -113,10 +113,10 @@ def _judge_for(backend: str, cfg):
     if backend == "rules":
         return judges.RulesJudge(), None
     if backend == "probe":
-        from . import probe
+        from . import probe, probe_fit
         from .models import provision
         model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-        head, reader = probe.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
+        head, reader = probe_fit.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
                                          progress=_say)
         return probe.ProbeJudge(head, reader), None
     if backend == "openai":
@@ -170,16 +170,16 @@ def cmd_eval(args, cfg) -> int:
 
 
 def cmd_train(args, cfg) -> int:
-    from . import probe
+    from . import probe_fit
     from .models import provision
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-    head, _ = probe.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
+    head, _ = probe_fit.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
                                 rebuild=True, progress=_say)
     m = head.meta
     print(f"probe head for {model_dir.name} ({m.model_hash}) fitted on {m.train_lines} lines in "
           f"{m.fit_s:.0f} s: layers {m.layers}, L2 {m.l2:g}, threshold {m.threshold:.2f}")
     print("  on the dev split: " + ", ".join(f"{k} {v:.3f}" for k, v in m.dev.items()))
-    print(f"  saved in {probe.head_folder(cfg.models_dir, m.model_hash)}")
+    print(f"  saved in {probe_fit.head_folder(cfg.models_dir, m.model_hash)}")
     return 0
 
 

@@ -81,14 +81,14 @@ class Judging(BackgroundLoop):
     async def _prepare_probe(self) -> None:
         """Load (or fit, the first time) the probe's head; without one, judge by the rules.
         Turns wait in the turn log meanwhile, so nothing is lost while it fits."""
-        from . import probe
+        from . import probe, probe_fit
         from .models import provision
         self._stopping = threading.Event()
         try:
             def build():
                 model_dir = provision(self.cfg.model.source, self.cfg.models_dir,
                                       self.cfg.home / "cache")
-                return probe.ensure_head(model_dir, self.cfg.models_dir,
+                return probe_fit.ensure_head(model_dir, self.cfg.models_dir,
                                          self.cfg.judge.probe_data or None,
                                          progress=lambda msg: log.info("probe head: %s", msg),
                                          cancel=self._stopping)
