@@ -44,10 +44,10 @@ def replies(p: Persona, prompt: str, response: str, score: float, seeds=range(40
 # -- every built-in persona --------------------------------------------------------------------------
 
 def test_builtins_shipped():
-    assert BUILTIN == ["concise", "student", "teacher"]
+    assert BUILTIN == ["concise", "student", "teacher", "yesno"]
 
 
-@pytest.mark.parametrize("name", ["concise", "student", "teacher"])
+@pytest.mark.parametrize("name", BUILTIN)
 def test_builtin_prompts_and_fields(name):
     p = load(name)
     assert p.name == name and p.preference.strip() and p.max_tokens > 0
@@ -60,14 +60,14 @@ def test_builtin_prompts_and_fields(name):
     assert again.train_prompts == p.train_prompts and again.heldout_prompts == p.heldout_prompts
 
 
-@pytest.mark.parametrize("name", ["concise", "student", "teacher"])
+@pytest.mark.parametrize("name", BUILTIN)
 @pytest.mark.parametrize("blank", ["", "   ", "\n\t\n"])
 def test_blank_response_scores_zero(name, blank):
     p = load(name)
     assert p.score(p.heldout_prompts[0], blank) == 0.0
 
 
-@pytest.mark.parametrize("name", ["concise", "student", "teacher"])
+@pytest.mark.parametrize("name", BUILTIN)
 def test_scores_in_unit_interval(name):
     p = load(name)
     junk = ["ok", "**x**", "# H\n- a\n- b", "word " * 300, "1 2 3 4 5", "Final answer: 7"]
@@ -377,10 +377,11 @@ FAILING = {   # persona -> responses it scores low
     "teacher": ["Good job! Nice work, keep it up.", "Sloppy and lazy.", "word " * 120,
                 "Nice essay. It was interesting to read and well organised overall for sure."],
     "concise": ["word " * 40, "word " * 70, "word " * 300],
+    "yesno": ["Well, yes, it is.", "It depends on many things.", "Paris is lovely.", "**Maybe**"],
 }
 
 
-@pytest.mark.parametrize("name", ["concise", "student", "teacher"])
+@pytest.mark.parametrize("name", BUILTIN)
 def test_replies_are_varied_and_follow_satisfaction(name):
     """Corrections below the persona's HAPPY, thanks at or above it, each from many wordings."""
     p = load(name)
@@ -395,3 +396,10 @@ def test_replies_are_varied_and_follow_satisfaction(name):
     assert p.satisfied(1.0)
     assert len(corrections) >= 25 and len(thanks) >= 20, (len(corrections), len(thanks))
     assert not corrections & thanks      # the same words never mean both
+
+
+def test_yesno_scores_the_first_word():
+    p = load("yesno")
+    assert [p.score("q", r) for r in ("Yes, it is.", "**No.** Never.", "“No.”", "Well, yes.",
+                                      "Nope.", "Yesterday it rained.", "", "Paris is nice.")] == \
+        [1.0, 1.0, 1.0, 0.3, 0.0, 0.0, 0.0, 0.0]

@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("eval", cmd_eval, "simulate users (personas) against fresh daemons and measure how the "
                                "held-out score moves with interactions, per learning method")
     sp.add_argument("--persona", action="append", required=True,
-                    help="built-in persona (student, teacher, concise) or a persona .py file; repeatable")
+                    help="built-in persona (concise, student, teacher, yesno) or a persona .py file; repeatable")
     sp.add_argument("--methods", default="rl,opd,combine", help="comma list (default rl,opd,combine)")
     sp.add_argument("--no-control", dest="control", action="store_false",
                     help="skip the no-train control run")
