@@ -14,6 +14,8 @@ import json
 import sys
 from collections import defaultdict
 
+from clawrl.eval_report import label
+
 
 def table(runs: list[dict], at: int | None, goal: float) -> str:
     by = defaultdict(dict)      # (persona, seed) -> method -> point
@@ -23,7 +25,7 @@ def table(runs: list[dict], at: int | None, goal: float) -> str:
         pts = {p["interactions"]: p for p in r["points"]}
         n = at if at is not None else max(pts)
         if n in pts:
-            by[(r["persona"], r["seed"])][r["method"]] = pts[n]
+            by[(r["persona"], r["seed"])][label(r, runs)] = pts[n]
     lines = ["| persona | seed | method | score | gap over control | empty / degenerate (control) | goal |",
              "|---|---|---|---|---|---|---|"]
     for (persona, seed), methods in sorted(by.items()):

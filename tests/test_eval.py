@@ -188,3 +188,18 @@ def test_interactions_until_the_preference_holds():
     assert until_holds([False, True, True, False, True, True, True, False]) == 4
     assert until_holds([True, True, False] * 4) is None
     assert until_holds([]) is None
+
+
+def test_rows_name_their_judge_only_when_judges_are_compared():
+    from clawrl.eval_report import label, persona_table
+    point = {"interactions": 0, "score": 0.5, "empty": 0.0, "degenerate": 0.0}
+    check = {"n": 3, "agreement": 1.0, "wrong_sign": 0.0, "abstain": 0.0, "unjudged": 0.0}
+    runs = [{"persona": "p", "method": m, "judge": j, "seed": 0, "points": [point],
+             "train_scores": [1.0] * 3, "until_holds": 0, "judge_check": check, "wall_s": 60}
+            for m, j in (("no-train", "rules"), ("combine", "probe"), ("combine", "rules"))]
+    assert [label(r, runs) for r in runs] == ["no-train", "combine (probe judge)",
+                                              "combine (rules judge)"]
+    assert [label(r, runs[:2]) for r in runs[:2]] == ["no-train", "combine"]
+    table = "\n".join(persona_table(runs, "p"))
+    assert "| combine (probe judge) | 0.50 ± 0.00 | 1 |" in table
+    assert "| combine (rules judge) | rules | 1.00 | 0.00 | 0.00 | 0.00 | 0 |" in table

@@ -58,7 +58,8 @@ def _inp(*next_state, answer="Paris is the capital of France."):
 
 
 @pytest.mark.parametrize("content, why", [
-    ("", "empty"), ("   \n", "empty"), ("\x00\x01PK\x03\x04" * 50, "binary"),
+    ("", "no text"), ("   \n", "no text"), ("\x00\x01PK\x03\x04" * 50, "binary"),
+    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "no text"),
     ("".join(chr(c) for c in range(1, 9)) * 40, "binary"),
 ])
 def test_unreadable_replies_are_zero_with_a_reason(fitted, content, why):

@@ -10,12 +10,21 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def label(run: dict, runs: list[dict]) -> str:
+    """A run's row: its method, and its judge too where the trained runs used several judges
+    (a comparison of judges); the no-train control is one row whatever judged it."""
+    judges = {r.get("judge") for r in runs if r["method"] != "no-train"}
+    if run["method"] == "no-train" or len(judges) < 2:
+        return run["method"]
+    return f"{run['method']} ({run.get('judge')} judge)"
+
+
 def grouped(runs: list[dict]) -> dict:
-    """{persona: {method: {interactions: [score per seed]}}}"""
+    """{persona: {row label: {interactions: [score per seed]}}}"""
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in runs:
         for p in r["points"]:
-            out[r["persona"]][r["method"]][p["interactions"]].append(p["score"])
+            out[r["persona"]][label(r, runs)][p["interactions"]].append(p["score"])
     return out
 
 
@@ -59,7 +68,8 @@ METHOD_ORDER = ("no-train", "rl", "opd", "combine")
 
 
 def _method_rank(method: str) -> tuple:
-    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+    base = method.split(" (")[0]          # a row label may name its judge
+    return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), method)
 
 
 def persona_table(runs: list[dict], persona: str) -> list[str]:
@@ -71,13 +81,13 @@ def persona_table(runs: list[dict], persona: str) -> list[str]:
              "|---" * (len(cps) + 3) + "|"]
     for method, points in sorted(methods.items(), key=lambda kv: _method_rank(kv[0])):
         walls = [r["wall_s"] for r in runs if r["persona"] == persona
-                 and r["method"] == method and not r.get("error")]
+                 and label(r, runs) == method and not r.get("error")]
         lines.append(f"| {method} | " + " | ".join(_cell(points.get(c, [])) for c in cps)
                      + f" | {len(walls)} | {statistics.fmean(walls) / 60:.1f} min |")
     judged = judge_table(runs, persona)
     if judged:
         lines += ["", *judged]
-    bad = [(r["method"], r["seed"], p["interactions"], p["empty"], p["degenerate"])
+    bad = [(label(r, runs), r["seed"], p["interactions"], p["empty"], p["degenerate"])
            for r in runs if r["persona"] == persona for p in r["points"]]
     worst = max(bad, key=lambda b: b[3] + b[4], default=None)
     if worst:
@@ -96,7 +106,7 @@ def judge_table(runs: list[dict], persona: str) -> list[str]:
     rows = []
     for r in sorted((r for r in runs if r["persona"] == persona and "judge_check" in r),
                     key=lambda r: (_method_rank(r["method"]), r["seed"])):
-        rows.append((r["method"], r["judge"], r["judge_check"],
+        rows.append((label(r, runs), r["judge"], r["judge_check"],
                      _holds(r.get("until_holds"), len(r["train_scores"]))))
     if not rows:
         return []

@@ -203,7 +203,7 @@ def decide(probs: torch.Tensor, threshold: float) -> list[int]:
 def unreadable(text: str) -> str | None:
     """Why a next-state text cannot be read as a reply, or None when it can."""
     if not text.strip():
-        return "the reply is empty"
+        return "the reply has no text (empty, or only non-text parts)"
     if "\x00" in text:
         return "the reply is binary data"
     odd = sum(unicodedata.category(c) in ("Cc", "Cs", "Co") and c not in "\n\r\t" or c == "\ufffd"
