@@ -5,6 +5,7 @@ The head is fitted once per test session into the shared model cache (as a daemo
 first start); tests that break a head work on their own copy of the models folder."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -172,3 +173,20 @@ def test_without_a_head_the_daemon_judges_by_the_rules_and_says_so(fitted, tmp_p
         d.stop()
     log = d.log.read_text()
     assert log.count("the probe could not be built") == 1 and "clawrl judge train" in log
+
+
+def test_judge_train_refits_from_the_cached_features(fitted, tmp_path):
+    """`clawrl judge train` (last in this file: it replaces the shared head) refits and says what
+    it fitted; the corpus's features are cached, so a refit takes seconds, not minutes."""
+    import subprocess
+
+    from conftest import CLAWRL, make_home
+    home = make_home(tmp_path / "home")
+    env = {**os.environ, "CLAWRL_HOME": str(home)}
+    r = subprocess.run([*CLAWRL, "judge", "train"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "probe head for SmolLM2-135M-Instruct" in r.stdout and "threshold" in r.stdout
+    assert "reading" not in r.stderr          # no line went through the model again
+    head = probe.Head.load(probe_fit.head_folder(MODEL_CACHE, fitted.head.meta.model_hash))
+    assert head.meta.created_at > fitted.head.meta.created_at
