@@ -1,6 +1,7 @@
 """What `clawrl eval` writes: results.json (every point of every run), results.md (a table per
 persona: baseline and each checkpoint, mean ± spread over seeds, per method and the no-train
-control) and plot.png (held-out score against interactions, one line per method, the band the
+control; and how the judge read the simulated user, with the interactions until the preference
+held) and plot.png (held-out score against interactions, one line per method, the band the
 spread over seeds)."""
 from __future__ import annotations
 

@@ -14,6 +14,9 @@ method and judge under test, training on or off. The run alternates two things:
 
 What is measured per checkpoint: the mean verifier score, the share of empty answers and of
 degenerate ones (a repeated 4-gram makes up half the words), the live adapter, and the wall time.
+Per run: how the daemon's judge read each training answer against whether the simulated user was
+satisfied (the persona's HAPPY), and the interactions until the preference held (3 satisfied
+training answers in a row).
 The results, tables and plot are written by `eval_report.py`.
 """
 from __future__ import annotations
