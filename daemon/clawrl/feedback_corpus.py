@@ -7,7 +7,8 @@ messages before it, ending with the assistant's answer), `"kind"` and `"lang"`. 
 answer failed (a correction, complaint or redo), +1 it worked (thanks, approval, moving on with a
 follow-up), 0 no evidence. The corpus itself, and how it was written, live in `recipes/feedback/`.
 
-It does not judge anything: the probe judge trains from it, and `judge_eval` scores judges on it.
+It also owns how a judge's readings are scored against labels (`metrics`). It does not judge
+anything: the probe judge trains from it, and `judge_eval` scores judges on it.
 """
 from __future__ import annotations
 
@@ -133,6 +134,26 @@ def fingerprint(folder: Path | None = None, splits: tuple[str, ...] = ("train", 
             raise CorpusError(f"cannot read {path}: {e}; a corpus folder needs train.jsonl and "
                               "dev.jsonl") from e
     return h.hexdigest()[:16]
+
+
+def metrics(gold: list[int], pred: list[int]) -> dict:
+    """The numbers `--json` prints; a precision with nothing predicted is 1.0 (nothing wrong said),
+    a recall with nothing to find is 1.0."""
+    def pr(label):
+        said = sum(p == label for p in pred)
+        right = sum(p == label == g for p, g in zip(pred, gold))
+        real = sum(g == label for g in gold)
+        return (right / said if said else 1.0), (right / real if real else 1.0)
+    n = len(gold)
+    (cp, cr), (ap, ar) = pr(-1), pr(1)
+    confusion = {str(g): {str(p): sum(1 for a, b in zip(gold, pred) if a == g and b == p)
+                          for p in LABELS} for g in LABELS}
+    return {"correction_recall": cr, "correction_precision": cp, "approval_recall": ar,
+            "approval_precision": ap,
+            "wrong_sign_rate": sum(p * g == -1 for p, g in zip(pred, gold)) / n if n else 0.0,
+            "abstain_rate": sum(p == 0 for p in pred) / n if n else 0.0,
+            "accuracy": sum(p == g for p, g in zip(pred, gold)) / n if n else 0.0,
+            "n": n, "confusion": confusion}
 
 
 def _dump(e: Example) -> str:

@@ -18,6 +18,7 @@ import time
 
 from . import feedback_corpus as corpus
 from .errors import ClawrlError
+from .feedback_corpus import metrics
 from .judge import JudgeInput
 
 KEYS = ("correction_recall", "correction_precision", "approval_recall", "approval_precision",
@@ -29,26 +30,6 @@ def judge_input(e: corpus.Example) -> JudgeInput:
     answer = context.pop()["content"] if context and context[-1]["role"] == "assistant" else ""
     return JudgeInput(context=context, response=answer, tool_calls=[],
                       next_state=[{"role": "user", "content": e.text}])
-
-
-def metrics(gold: list[int], pred: list[int]) -> dict:
-    """The numbers `--json` prints; a precision with nothing predicted is 1.0 (nothing wrong said),
-    a recall with nothing to find is 1.0."""
-    def pr(label):
-        said = sum(p == label for p in pred)
-        right = sum(p == label == g for p, g in zip(pred, gold))
-        real = sum(g == label for g in gold)
-        return (right / said if said else 1.0), (right / real if real else 1.0)
-    n = len(gold)
-    (cp, cr), (ap, ar) = pr(-1), pr(1)
-    confusion = {str(g): {str(p): sum(1 for a, b in zip(gold, pred) if a == g and b == p)
-                          for p in corpus.LABELS} for g in corpus.LABELS}
-    return {"correction_recall": cr, "correction_precision": cp, "approval_recall": ar,
-            "approval_precision": ap,
-            "wrong_sign_rate": sum(p * g == -1 for p, g in zip(pred, gold)) / n if n else 0.0,
-            "abstain_rate": sum(p == 0 for p in pred) / n if n else 0.0,
-            "accuracy": sum(p == g for p, g in zip(pred, gold)) / n if n else 0.0,
-            "n": n, "confusion": confusion}
 
 
 async def _run(judge, examples: list[corpus.Example], concurrency: int, progress) -> list:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import feedback_corpus as corpus
-from .judge_eval import metrics
+from .feedback_corpus import metrics
 from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, Head, HeadMeta, ProbeError,
                     Reader, decide, exchange)
 
