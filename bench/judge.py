@@ -29,7 +29,6 @@ from clawrl import judge_eval, probe, probe_fit
 from clawrl.config import load_config
 from clawrl.evaluate import Child
 from clawrl.judge import RulesJudge
-from clawrl.models import provision
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit  # noqa: E402
@@ -105,9 +104,8 @@ def main() -> int:
     ap.add_argument("--out", help="also write the JSON result here")
     args = ap.parse_args()
     cfg = load_config(None)
-    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     lines = corpus.load("test")[:args.lines]
-    head, reader = probe_fit.ensure_head(model_dir, cfg.models_dir)
+    head, reader = probe_fit.head_for(cfg)
     mine = probe.ProbeJudge(head, reader)
     latency(mine.judge_sync, lines[:5])                 # warm up
     rules = RulesJudge()

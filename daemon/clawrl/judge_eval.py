@@ -89,33 +89,21 @@ def render(report: dict, title: str) -> str:
 # ------------------------------------------------------------------------------------- commands
 
 def _judge_for(backend: str, cfg):
-    """The judge a daemon with this recipe would use, built outside the daemon."""
-    from . import judge as judges
-    if backend == "rules":
-        return judges.RulesJudge(), None
+    """The judge a daemon with this recipe would use, built outside the daemon, and the engine
+    it needs closed afterwards (or None)."""
+    from .judging import judge_for
     if backend == "probe":
         from . import probe, probe_fit
-        from .models import provision
-        model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-        head, reader = probe_fit.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
-                                         progress=_say)
-        return probe.ProbeJudge(head, reader), None
-    if backend == "openai":
-        if not (cfg.judge.url and cfg.judge.model):
-            raise ClawrlError("--backend openai needs judge.url and judge.model: set them in the "
-                              "recipe or as CLAWRL_JUDGE_URL and CLAWRL_JUDGE_MODEL")
-        complete = judges.openai_complete(cfg.judge.url, cfg.judge.model,
-                                          cfg.judge.api_key or None, cfg.judge.temperature,
-                                          cfg.judge.max_tokens)
-        return judges.make_judge("openai", cfg.judge.votes, complete), None
+        return probe.ProbeJudge(*probe_fit.head_for(cfg, progress=_say)), None
+    if backend == "openai" and not (cfg.judge.url and cfg.judge.model):
+        raise ClawrlError("--backend openai needs judge.url and judge.model: set them in the "
+                          "recipe or as CLAWRL_JUDGE_URL and CLAWRL_JUDGE_MODEL")
+    engine = None
     if backend == "engine":
         from .engines import make_engine
-        from .judging import engine_complete
         engine = make_engine(cfg)
         engine.load()
-        complete = engine_complete(engine, cfg.judge.temperature, cfg.judge.max_tokens)
-        return judges.make_judge("engine", cfg.judge.votes, complete), engine
-    raise ClawrlError(f"unknown judge backend {backend!r}")
+    return judge_for(cfg, backend, engine), engine
 
 
 def _say(msg: str) -> None:
@@ -152,13 +140,11 @@ def cmd_eval(args, cfg) -> int:
 
 def cmd_train(args, cfg) -> int:
     from . import probe_fit
-    from .models import provision
-    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
-    head, _ = probe_fit.ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None,
-                                rebuild=True, progress=_say)
+    head, reader = probe_fit.head_for(cfg, rebuild=True, progress=_say)
     m = head.meta
-    print(f"probe head for {model_dir.name} ({m.model_hash}) fitted on {m.train_lines} lines in "
-          f"{m.fit_s:.0f} s: layers {m.layers}, L2 {m.l2:g}, threshold {m.threshold:.2f}")
+    print(f"probe head for {reader.model_dir.name} ({m.model_hash}) fitted on {m.train_lines} "
+          f"lines (the regression took {m.fit_s:.0f} s): layers {m.layers}, L2 {m.l2:g}, "
+          f"threshold {m.threshold:.2f}")
     print("  on the dev split: " + ", ".join(f"{k} {v:.3f}" for k, v in m.dev.items()))
     print(f"  saved in {probe_fit.head_folder(cfg.models_dir, m.model_hash)}")
     return 0

@@ -62,36 +62,38 @@ def engine_complete(engine, temperature: float, max_tokens: int):
     return complete
 
 
+def judge_for(cfg: Config, backend: str, engine=None):
+    """A rules, engine or openai judge with the recipe's judge settings (`engine`: the loaded
+    engine the engine judge calls through)."""
+    j = cfg.judge
+    complete = None
+    if backend == "openai":
+        complete = openai_complete(j.url, j.model, j.api_key or None, j.temperature, j.max_tokens)
+    elif backend == "engine":
+        complete = engine_complete(engine, j.temperature, j.max_tokens)
+    return make_judge(backend, j.votes, complete)
+
+
 class Judging(BackgroundLoop):
     name = "clawrl-judging"
 
     def __init__(self, cfg: Config, store: Store, engine, metrics: Metrics | None = None):
         self.cfg, self.store = cfg, store
         self.metrics = metrics or Metrics()
-        j = cfg.judge
-        complete = None
-        if j.backend == "openai":
-            complete = openai_complete(j.url, j.model, j.api_key or None, j.temperature, j.max_tokens)
-        elif j.backend == "engine":
-            complete = engine_complete(engine, j.temperature, j.max_tokens)
         # The probe's head needs the base model and maybe a minute to fit: made in _run.
-        self.judge = None if j.backend == "probe" else make_judge(j.backend, j.votes, complete)
+        self.judge = None if cfg.judge.backend == "probe" else judge_for(cfg, cfg.judge.backend,
+                                                                          engine)
         self.wake = asyncio.Event()
 
     async def _prepare_probe(self) -> None:
         """Load (or fit, the first time) the probe's head; without one, judge by the rules.
         Turns wait in the turn log meanwhile, so nothing is lost while it fits."""
         from . import probe, probe_fit
-        from .models import provision
         self._stopping = threading.Event()
         try:
             def build():
-                model_dir = provision(self.cfg.model.source, self.cfg.models_dir,
-                                      self.cfg.home / "cache")
-                return probe_fit.ensure_head(model_dir, self.cfg.models_dir,
-                                         self.cfg.judge.probe_data or None,
-                                         progress=lambda msg: log.info("probe head: %s", msg),
-                                         cancel=self._stopping)
+                return probe_fit.head_for(self.cfg, cancel=self._stopping,
+                                          progress=lambda msg: log.info("probe head: %s", msg))
             try:
                 head, reader = await asyncio.shield(asyncio.to_thread(build))
             except asyncio.CancelledError:

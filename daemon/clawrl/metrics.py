@@ -111,16 +111,15 @@ class Metrics:
         yield GaugeMetricFamily("clawrl_adapter_active_version",
                                 "Adapter version new requests are served by (0 = the base model)",
                                 value=state.engine.adapter_version)
-        waiting = self._waiting(state.cfg.db_path)
-        if waiting is not None:
+        read = self._from_turn_log(state.cfg.db_path)
+        if read is not None:
+            waiting, agreement = read
             g = GaugeMetricFamily("clawrl_samples_waiting", "Turns waiting: 'judge' = next state "
                                   "arrived, not judged yet; 'train' = judged or rated, not trained "
                                   "yet", labels=["stage"])
             g.add_metric(["judge"], waiting[0])
             g.add_metric(["train"], waiting[1])
             yield g
-        agreement = self._agreement(state.cfg.db_path)
-        if agreement is not None:
             g = GaugeMetricFamily("clawrl_judge_vs_feedback_turns",
                                   "Turns both judged and rated by explicit feedback, by how the "
                                   "judge's reading compares: agree, wrong_sign, abstain (read 0)",
@@ -136,7 +135,9 @@ class Metrics:
                                     "Training loss of the newest adapter version", value=loss)
 
     @staticmethod
-    def _waiting(path) -> tuple[int, int] | None:
+    def _from_turn_log(path) -> tuple[tuple[int, int], dict] | None:
+        """The samples waiting (judge, train) and the judge's agreement with explicit feedback, in
+        one read; None when the log is missing, not migrated yet, or busy."""
         # Imported here: samples.py loads torch, which the daemon has by the time anyone scrapes.
         from .samples import READY
         if not path.exists():
@@ -144,28 +145,15 @@ class Metrics:
         try:
             db = connect_sync(path)    # its own reader: never queues behind the daemon's writes
             try:
-                return db.execute(
+                waiting = db.execute(
                     "SELECT (SELECT count(*) FROM turns WHERE judge_status IS NULL AND"
                     " next_state_at IS NOT NULL AND status='complete' AND trainable=1),"
                     f" (SELECT count(*) FROM turns WHERE {READY})").fetchone()
+                return waiting, judge_agreement(db.execute(JUDGE_VS_FEEDBACK).fetchone())
             finally:
                 db.close()
-        except sqlite3.Error as e:     # not migrated yet, or busy: leave the gauge out this time
-            log.debug("samples waiting not read: %s", e)
-            return None
-
-    @staticmethod
-    def _agreement(path) -> dict | None:
-        if not path.exists():
-            return None
-        try:
-            db = connect_sync(path)
-            try:
-                return judge_agreement(db.execute(JUDGE_VS_FEEDBACK).fetchone())
-            finally:
-                db.close()
-        except sqlite3.Error as e:
-            log.debug("judge agreement not read: %s", e)
+        except sqlite3.Error as e:     # leave these gauges out this time
+            log.debug("turn log not read for metrics: %s", e)
             return None
 
     def _training(self, root) -> tuple[int, float | None]:

@@ -186,3 +186,12 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     log.info("probe head fitted in %.0f s, threshold %.2f, saved to %s", head.meta.fit_s,
              head.meta.threshold, folder)
     return head, reader
+
+
+def head_for(cfg, rebuild: bool = False, progress=None,
+             cancel: threading.Event | None = None) -> tuple[Head, Reader]:
+    """The head for a recipe: its base model (converted if needed) and `judge.probe_data`."""
+    from .models import provision
+    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    return ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None, rebuild=rebuild,
+                       progress=progress, cancel=cancel)
