@@ -2,6 +2,9 @@
 
 1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
    light load) by the rules judge and by the probe; median and 95th percentile per judgment.
+   Beside it, the base model's reading alone, this path (float32, the chat template's fixed
+   head cached) against the previous one (bfloat16, the whole exchange read each time) on the
+   same lines, as a ratio.
 2. Serving: a real `clawrl serve` per judge (the converted model shared). A streamed 160-token
    answer is timed while another client keeps sending short sessions whose replies the judge must
    read (each asks for one token, so what the daemon does for them is mostly judging). The decode
@@ -46,6 +49,33 @@ def latency(judge_one, lines: list) -> dict:
     times.sort()
     return {"p50_ms": statistics.median(times), "p95_ms": times[int(0.95 * (len(times) - 1))],
             "n": len(times)}
+
+
+def reading_paths(reader, lines: list) -> dict:
+    """Milliseconds of the base model's reading per line: this path against the previous one."""
+    import copy
+
+    import torch
+    exchanges = [probe.exchange(e.question, e.answer, e.text) for e in lines]
+    old = copy.deepcopy(reader.model).to(torch.bfloat16)
+
+    @torch.inference_mode()
+    def previous(m):
+        ids = reader._render(m)[-probe.MAX_TOKENS:]
+        old(input_ids=torch.tensor([ids]), output_hidden_states=True)
+
+    def timed(fn) -> float:
+        for m in exchanges[:3]:
+            fn(m)
+        times = []
+        for m in exchanges:
+            t0 = time.perf_counter()
+            fn(m)
+            times.append(1000 * (time.perf_counter() - t0))
+        return statistics.median(times)
+    now, before = timed(reader.read_one), timed(previous)
+    return {"this_path_p50_ms": now, "previous_path_p50_ms": before, "speedup": before / now,
+            "n": len(exchanges)}
 
 
 def decode_rate(url: str) -> float:
@@ -113,6 +143,9 @@ def main() -> int:
                           "rules": latency(lambda inp: asyncio.run(rules.judge(inp)), lines)}}
     print(f"probe: {result['latency']['probe']['p50_ms']:.0f} ms median per judgment, "
           f"p95 {result['latency']['probe']['p95_ms']:.0f} ms", file=sys.stderr)
+    result["reading"] = reading_paths(reader, lines)
+    print(f"reading: {result['reading']['this_path_p50_ms']:.0f} ms against "
+          f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path", file=sys.stderr)
     del mine, reader
     replies = [e.text for e in lines]
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-judge-") as tmp:

@@ -35,10 +35,30 @@ def test_the_head_is_stored_by_model_hash_with_its_dev_numbers(fitted, model_dir
     folder = probe_fit.head_folder(MODEL_CACHE, probe_fit.model_hash(model_dir))
     assert (folder / "head.safetensors").exists() and (folder / "meta.json").exists()
     assert meta.corpus == corpus.fingerprint() and meta.train_lines == len(corpus.load("train"))
-    assert 0.34 <= meta.threshold < 1 and meta.dev["correction_precision"] >= probe.MIN_PRECISION
+    assert 0.34 <= meta.threshold < 1 and 0.34 <= meta.approval_threshold < 1
+    assert meta.dev["correction_precision"] >= probe.MIN_PRECISION
+    assert meta.dev["wrong_sign_rate"] <= probe.MAX_WRONG_SIGN
     # Loading again gives the same head, without fitting.
     again, _ = probe_fit.ensure_head(model_dir, MODEL_CACHE, reader=fitted.reader)
     assert again.meta.created_at == meta.created_at
+
+
+def test_the_template_head_is_read_once_and_changes_no_reading(fitted):
+    """The chat template's fixed head (the system prompt) comes from a cache computed once; a
+    reading through it equals reading the whole exchange from scratch."""
+    import torch
+    r = fitted.reader
+    m = probe.exchange("What is 7 times 8?", "7 times 8 is 54.", "no, it's 56")
+    ids, n, cached = r._ids(m)
+    whole = r._render(m)
+    assert cached and len(r._head_ids) > 5 and whole == r._head_ids + ids
+    with torch.inference_mode():
+        hidden = r.model(input_ids=torch.tensor([whole]), output_hidden_states=True).hidden_states
+    parts = [hidden[layer][0, -1] for layer in r.last_at]
+    parts += [hidden[layer][0, -n:].mean(0) for layer in r.mean_at]
+    assert torch.allclose(r.read_one(m), torch.cat(parts), atol=1e-4)
+    # The stored head is never extended by a reading.
+    assert all(k.shape[-2] == len(r._head_ids) for k, _ in r._head_kv)
 
 
 def test_probe_beats_rules_on_the_held_out_test_split(fitted):

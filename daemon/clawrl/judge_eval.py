@@ -144,7 +144,7 @@ def cmd_train(args, cfg) -> int:
     m = head.meta
     print(f"probe head for {reader.model_dir.name} ({m.model_hash}) fitted on {m.train_lines} "
           f"lines (the regression took {m.fit_s:.0f} s): layers {m.layers}, L2 {m.l2:g}, "
-          f"threshold {m.threshold:.2f}")
+          f"threshold {m.threshold:.2f} (corrections) / {m.approval_threshold:.2f} (approvals)")
     print("  on the dev split: " + ", ".join(f"{k} {v:.3f}" for k, v in m.dev.items()))
     print(f"  saved in {probe_fit.head_folder(cfg.models_dir, m.model_hash)}")
     return 0
@@ -168,7 +168,7 @@ def add_arguments(sp) -> None:
     e.set_defaults(judge_fn=cmd_eval)
     t = sub.add_parser("train", help="fit the probe judge's head from the corpus now",
                        description="Fit the probe judge's head for the recipe's base model from "
-                       "the corpus's train split (threshold chosen on dev) and store it under "
+                       "the corpus's train split (thresholds chosen on dev) and store it under "
                        "$CLAWRL_HOME/models/probes/. The daemon does this itself on first start.")
     t.set_defaults(judge_fn=cmd_train)
     for p in (e, t):

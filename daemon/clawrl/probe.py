@@ -4,8 +4,8 @@ as approval, correction or neither.
 The base model reads the exchange in chat form (the question, the tail of the answer, the user's
 reply); the last token's hidden state at a few layers and the reply's mean hidden state at two
 more are the feature vector; a multinomial logistic head, fitted on the feedback corpus's train
-split, gives p(-1), p(0), p(+1). A vote is cast only when its probability reaches the threshold
-chosen on the dev split, so unsure readings answer 0 and never train. Tool results keep the rules judge's
+split, gives p(-1), p(0), p(+1). A vote is cast only when its probability reaches its class's
+threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool results keep the rules judge's
 structured reading (JSON fields, exit codes), and on -1 the user's own words are the hint.
 
 It owns the features, the head (what it computes, save, load) and the `ProbeJudge`. Fitting a
@@ -33,7 +33,7 @@ from .judge import JudgeInput, Judgment, combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 
-FORMAT = 2
+FORMAT = 3
 # What is read, as fractions of the model's depth (measured on the dev split with SmolLM2-135M:
 # these two views together beat either alone, any single layer, and a 2-layer MLP head):
 LAST_TOKEN_AT = (1 / 6, 1 / 3, 1 / 2)   # the hidden state of the exchange's last token
@@ -41,7 +41,7 @@ REPLY_MEAN_AT = (1 / 2, 2 / 3)          # the mean over the reply's tokens
 QUESTION_CHARS, ANSWER_CHARS, REPLY_CHARS = 160, 240, 600
 MAX_TOKENS = 192          # the rendered exchange, cut from the left (the reply sits at its end)
 L2_GRID = (1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0)
-MIN_PRECISION = 0.90      # the dev split's correction precision the threshold must keep
+MIN_PRECISION = 0.90      # the dev split's correction precision the thresholds must keep
 MAX_WRONG_SIGN = 0.03     # and the share of dev lines read with the wrong sign
 
 
@@ -70,16 +70,19 @@ def _depths(fractions, depth: int) -> tuple[int, ...]:
 
 
 class Reader:
-    """The frozen base model, cut after the deepest layer read, turning exchanges into features."""
+    """The frozen base model, cut after the deepest layer read, turning exchanges into features.
+
+    It reads in float32: on a CPU at this size that is both exact and faster than bfloat16
+    (bench/judge.py), and int8 activations lose too much of what the head reads (measured on
+    dev). The chat template's fixed head (SmolLM2's default system prompt, ~20 tokens) is the
+    same in every exchange, so its key/value cache is computed once and only the rest is read.
+    Exchanges are read one at a time: no padding, so a reading never depends on its batch."""
 
     def __init__(self, model_dir: Path | str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        from .models import bf16_supported
-        # bfloat16 halves the time of a judgment where the CPU computes it natively; the head is
-        # fitted on features read in the same dtype (the feature cache and head record it).
-        self.dtype = torch.bfloat16 if bf16_supported() else torch.float32
+        self.dtype = torch.float32
         full = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         depth = full.config.num_hidden_layers
         self.last_at, self.mean_at = _depths(LAST_TOKEN_AT, depth), _depths(REPLY_MEAN_AT, depth)
@@ -87,9 +90,7 @@ class Reader:
         self.model = full.model          # the decoder without the LM head
         self.model.layers = self.model.layers[:max(self.layers)]
         self.model.eval().requires_grad_(False)
-        self.pad = self.tokenizer.pad_token_id
-        if self.pad is None:
-            self.pad = self.tokenizer.eos_token_id or 0
+        self._head_ids, self._head_kv = self._template_head()
 
     def _render(self, messages: list[dict]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
@@ -97,39 +98,64 @@ class Reader:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _ids(self, messages: list[dict]) -> tuple[list[int], int]:
-        """The exchange's token ids (cut from the left) and how many of them the reply takes."""
+    @torch.inference_mode()
+    def _template_head(self):
+        """The tokens every rendered exchange starts with, and their keys and values per layer."""
+        a = self._render([{"role": "user", "content": "a"}])
+        b = self._render([{"role": "assistant", "content": "b"}])
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        if n == 0:
+            return [], []
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        self.model(input_ids=torch.tensor([a[:n]]), cache=cache, use_cache=True)
+        return a[:n], [(layer.keys, layer.values) for layer in cache.layers[:len(self.model.layers)]]
+
+    def _head_cache(self):
+        """A fresh cache holding the template's head: a reading appends to it by concatenation,
+        so the stored keys and values are never changed and readings may run at once."""
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(self._head_kv):
+            cache.update(k, v, i)
+        return cache
+
+    def _ids(self, messages: list[dict]) -> tuple[list[int], int, bool]:
+        """The exchange's token ids after the template's head (cut from the left to fit
+        MAX_TOKENS), how many of them the reply takes, and whether the head was cut off (so
+        its cache goes first)."""
         ids = self._render(messages)
         reply = len(ids) - len(self._render(messages[:-1]))
-        ids = ids[-MAX_TOKENS:]
-        return ids, max(1, min(reply, len(ids)))
+        head = len(self._head_ids)
+        cached = head > 0 and ids[:head] == self._head_ids
+        rest = ids[head:][-(MAX_TOKENS - head):] if cached else ids[-MAX_TOKENS:]
+        return rest, max(1, min(reply, len(rest))), cached
 
     @torch.inference_mode()
-    def features(self, exchanges: list[list[dict]], batch: int = 16,
-                 cancel: threading.Event | None = None) -> torch.Tensor:
-        """One row per exchange: the last token's hidden state at LAST_TOKEN_AT and the reply's
-        mean at REPLY_MEAN_AT, concatenated. Left padding with explicit positions, so a batch
-        reads as the exchanges would one by one."""
-        rows = []
-        for i in range(0, len(exchanges), batch):
+    def read_one(self, messages: list[dict]) -> torch.Tensor:
+        """One exchange's feature row: the last token's hidden state at LAST_TOKEN_AT and the
+        reply's mean at REPLY_MEAN_AT, concatenated."""
+        ids, n, cached = self._ids(messages)
+        kw = {"cache": self._head_cache(), "use_cache": True} if cached else {}
+        hidden = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True,
+                            **kw).hidden_states
+        parts = [hidden[layer][0, -1] for layer in self.last_at]
+        parts += [hidden[layer][0, -n:].mean(0) for layer in self.mean_at]
+        return torch.cat(parts)
+
+    def features(self, exchanges: list[list[dict]], cancel: threading.Event | None = None,
+                 progress=None) -> torch.Tensor:
+        """One row per exchange; `progress(done, total)` is told every few percent."""
+        rows, total = [], len(exchanges)
+        for i, messages in enumerate(exchanges):
             if cancel is not None and cancel.is_set():
                 raise ProbeError("stopped before the probe's features were read")
-            seqs = [self._ids(m) for m in exchanges[i:i + batch]]
-            width = max(len(s) for s, _ in seqs)
-            ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            reply = torch.zeros((len(seqs), width, 1))
-            for j, (s, n) in enumerate(seqs):
-                ids[j, width - len(s):] = torch.tensor(s)
-                mask[j, width - len(s):] = 1
-                reply[j, width - n:] = 1.0 / n
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            hidden = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                output_hidden_states=True).hidden_states
-            parts = [hidden[layer][:, -1, :] for layer in self.last_at]
-            parts += [(hidden[layer] * reply).sum(1) for layer in self.mean_at]
-            rows.append(torch.cat(parts, dim=-1).float())
-        return torch.cat(rows) if rows else torch.zeros((0, 0))
+            rows.append(self.read_one(messages))
+            if progress and (i + 1 == total or (i + 1) % max(1, total // 20) == 0):
+                progress(i + 1, total)
+        return torch.stack(rows) if rows else torch.zeros((0, 0))
 
 
 # ------------------------------------------------------------------------------------------ head
@@ -142,8 +168,9 @@ class HeadMeta:
     layers: list[int]         # last-token layers, then reply-mean layers
     dtype: str                # what the base model read in (bfloat16 or float32)
     l2: float
-    threshold: float          # a vote needs at least this probability
-    dev: dict                 # the dev split's numbers at that threshold
+    threshold: float          # a correction vote needs at least this p(-1)
+    approval_threshold: float  # an approval vote needs at least this p(+1)
+    dev: dict                 # the dev split's numbers at those thresholds
     train_lines: int
     fit_s: float
     created_at: float
@@ -189,12 +216,14 @@ class Head:
         return head
 
 
-def decide(probs: torch.Tensor, threshold: float) -> list[int]:
-    """The vote per row: -1 or +1 when its probability reaches the threshold, else 0."""
+def decide(probs: torch.Tensor, threshold: float, approval: float | None = None) -> list[int]:
+    """The vote per row: -1 when p(-1) reaches `threshold`, +1 when p(+1) reaches `approval`
+    (default the same), else 0."""
+    approval = threshold if approval is None else approval
     out = []
     for p in probs.tolist():
         out.append(-1 if p[0] >= threshold and p[0] >= p[2]
-                   else 1 if p[2] >= threshold else 0)
+                   else 1 if p[2] >= approval else 0)
     return out
 
 
@@ -220,12 +249,13 @@ class ProbeJudge:
         self.head, self.reader = head, reader
 
     def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
-        """(vote, reason) per reply, in one batch through the base model."""
+        """(vote, reason) per reply, each read through the base model."""
         probs = self.head.probs(self.reader.features([exchange(question, answer, r)
                                                       for r in replies]))
-        votes = decide(probs, self.head.meta.threshold)
-        return [(v, "probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f} threshold {:.2f}".format(
-                 *p, self.head.meta.threshold)) for v, p in zip(votes, probs.tolist())]
+        m = self.head.meta
+        votes = decide(probs, m.threshold, m.approval_threshold)
+        return [(v, "probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f} thresholds {:.2f}/{:.2f}".format(
+                 *p, m.threshold, m.approval_threshold)) for v, p in zip(votes, probs.tolist())]
 
     def judge_sync(self, inp: JudgeInput) -> Judgment:
         question = next((content_text(m.get("content")) for m in reversed(inp.context)

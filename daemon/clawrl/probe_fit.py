@@ -3,7 +3,7 @@ models, keyed by the base model's hash), when it is fitted (missing, unreadable,
 another corpus or reader), and the cache of the corpus's features that makes a refit take seconds.
 
 The fit is plain: standardise, a multinomial logistic regression by L-BFGS with its L2 strength
-chosen on the dev split's log-loss, and the abstention threshold chosen on dev (the most recall
+chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (the most recall
 that keeps MIN_PRECISION on corrections and at most MAX_WRONG_SIGN wrong signs). The test split
 is never read here. What a head computes, and the judge that uses it, are probe.py's.
 """
@@ -59,17 +59,19 @@ def _score(pred: list[int], gold: list[int]) -> dict:
                               "approval_recall", "wrong_sign_rate")}
 
 
-def _choose_threshold(probs: torch.Tensor, gold: list[int]) -> tuple[float, dict]:
-    """The threshold with the most recall (corrections and approvals) at which dev keeps
-    MIN_PRECISION on corrections and at most MAX_WRONG_SIGN wrong signs; where none does, the
-    one with the fewest wrong signs."""
-    scored = [(t / 100, _score(decide(probs, t / 100), gold)) for t in range(34, 100)]
-    ok = [(t, s) for t, s in scored if s["correction_precision"] >= MIN_PRECISION
-          and s["wrong_sign_rate"] <= MAX_WRONG_SIGN]
+def _choose_thresholds(probs: torch.Tensor, gold: list[int]) -> tuple[float, float, dict]:
+    """The thresholds for a correction vote and for an approval vote (each class is calibrated
+    its own way) with the most recall, corrections and approvals together, at which dev keeps
+    MIN_PRECISION on corrections and at most MAX_WRONG_SIGN wrong signs; where no pair does, the
+    pair with the fewest wrong signs."""
+    grid = [t / 100 for t in range(34, 100, 2)]
+    scored = [(tn, tp, _score(decide(probs, tn, tp), gold)) for tn in grid for tp in grid]
+    ok = [c for c in scored if c[2]["correction_precision"] >= MIN_PRECISION
+          and c[2]["wrong_sign_rate"] <= MAX_WRONG_SIGN]
     if ok:
-        return max(ok, key=lambda ts: (ts[1]["correction_recall"] + ts[1]["approval_recall"],
-                                       -ts[0]))
-    return min(scored, key=lambda ts: (ts[1]["wrong_sign_rate"], -ts[0]))
+        return max(ok, key=lambda c: (c[2]["correction_recall"] + c[2]["approval_recall"],
+                                      -c[0] - c[1]))
+    return min(scored, key=lambda c: (c[2]["wrong_sign_rate"], -c[0] - c[1]))
 
 
 def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, reader_key: dict,
@@ -91,9 +93,9 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
             best = (loss, l2, w, b)
     _, l2, w, b = best
     probs = torch.softmax(z_dev @ w.T + b, dim=-1)
-    threshold, dev_score = _choose_threshold(probs, gold_dev)
+    threshold, approval, dev_score = _choose_thresholds(probs, gold_dev)
     meta = HeadMeta(format=FORMAT, model_hash=model_hash, corpus=corpus_print,
-                    **reader_key, l2=l2, threshold=threshold,
+                    **reader_key, l2=l2, threshold=threshold, approval_threshold=approval,
                     dev=dev_score, train_lines=len(train), fit_s=round(time.time() - t0, 1),
                     created_at=time.time())
     return Head(mean, std, w, b, meta)
@@ -113,7 +115,9 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
             log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
     if progress:
         progress(f"reading {len(examples)} labelled lines through the base model")
-    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples], cancel=cancel)
+    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples], cancel=cancel,
+                        progress=(lambda done, total: progress(f"  read {done}/{total} lines"))
+                        if progress else None)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
@@ -183,8 +187,9 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     for stale in folder.parent.glob("features-*"):    # caches of corpora no longer fitted on
         if not stale.name.startswith(cache.name + "."):
             stale.unlink(missing_ok=True)
-    log.info("probe head fitted in %.0f s, threshold %.2f, saved to %s", head.meta.fit_s,
-             head.meta.threshold, folder)
+    log.info("probe head fitted in %.0f s, thresholds %.2f (correction) and %.2f (approval), "
+             "saved to %s", head.meta.fit_s, head.meta.threshold, head.meta.approval_threshold,
+             folder)
     return head, reader
 
 
