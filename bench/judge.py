@@ -64,16 +64,15 @@ def reading_paths(reader, lines: list) -> dict:
         ids = reader._render(m)[-probe.MAX_TOKENS:]
         old(input_ids=torch.tensor([ids]), output_hidden_states=True)
 
-    def timed(fn) -> float:
-        for m in exchanges[:3]:
-            fn(m)
-        times = []
-        for m in exchanges:
+    for m in exchanges[:3]:                     # warm up
+        reader.read_one(m), previous(m)
+    times: dict = {reader.read_one: [], previous: []}
+    for m in exchanges:                         # interleaved, so a drift of the machine hits both
+        for fn, seen in times.items():
             t0 = time.perf_counter()
             fn(m)
-            times.append(1000 * (time.perf_counter() - t0))
-        return statistics.median(times)
-    now, before = timed(reader.read_one), timed(previous)
+            seen.append(1000 * (time.perf_counter() - t0))
+    now, before = (statistics.median(t) for t in times.values())
     return {"this_path_p50_ms": now, "previous_path_p50_ms": before, "speedup": before / now,
             "n": len(exchanges)}
 

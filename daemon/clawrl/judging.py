@@ -80,7 +80,7 @@ class Judging(BackgroundLoop):
     def __init__(self, cfg: Config, store: Store, engine, metrics: Metrics | None = None):
         self.cfg, self.store = cfg, store
         self.metrics = metrics or Metrics()
-        # The probe's head needs the base model and maybe a minute to fit: made in _run.
+        # The probe's head needs the base model and minutes to fit the first time: made in _run.
         self.judge = None if cfg.judge.backend == "probe" else judge_for(cfg, cfg.judge.backend,
                                                                           engine)
         self.wake = asyncio.Event()
@@ -97,7 +97,7 @@ class Judging(BackgroundLoop):
             try:
                 head, reader = await asyncio.shield(asyncio.to_thread(build))
             except asyncio.CancelledError:
-                self._stopping.set()     # the fit stops at its next batch; shutdown goes on
+                self._stopping.set()     # the fit stops at its next line; shutdown goes on
                 raise
             self.judge = probe.ProbeJudge(head, reader)
             log.info("judge: probe (threshold %.2f, dev correction recall %.2f)",
