@@ -77,8 +77,10 @@ def test_adapter_registry_unloads_a_retired_version_after_its_last_request():
 def ctx(tmp_path_factory):
     home = make_home(tmp_path_factory.mktemp("sglang-double"))
     port, transcript = free_port(), home / "double.jsonl"
+    # A short context, so that a prompt which fills it prefills in seconds on a CPU.
     env = engine_env("sglang", port, transcript, CLAWRL_TRAIN_ENABLED="true",
-                     CLAWRL_TRAIN_BATCH_SIZE="1", CLAWRL_TRAIN_EPOCHS="1")
+                     CLAWRL_TRAIN_BATCH_SIZE="1", CLAWRL_TRAIN_EPOCHS="1",
+                     CLAWRL_MODEL_CONTEXT_LENGTH="1024")
     d = Daemon(home, env=env).start(timeout=400)
     yield scenarios.Ctx("sglang", d, Transcript(transcript), f"http://127.0.0.1:{port}", MODEL_DIR)
     d.stop()
@@ -143,6 +145,39 @@ def test_sglang_double_swap_routes_requests_and_unloads_old_adapters_when_idle(c
 
 def test_sglang_double_refuses_adapter_above_max_lora_rank(ctx):
     scenarios.refuses_adapter_above_server_rank(ctx, max_rank=8)
+
+
+def test_sglang_double_prompt_near_the_context_is_served_and_teacher_scored(ctx, tokenizer):
+    """SGLang refuses max_new_tokens + input >= context (one position stays free)."""
+    scenarios.fills_the_context(ctx, tokenizer, free=1)
+    sent = ctx.transcript.events("generate")[-1]
+    assert sent["sampling_params"]["max_new_tokens"] == 9
+
+
+def test_sglang_double_in_band_refusal_is_a_400_not_a_502(ctx, tokenizer):
+    """SGLang answers a streamed request it refuses with 200 and an in-band error line; that is
+    the request's own fault (here: an adapter the server does not have), so retrying it would
+    fail again: 400 engine_refused, not 502."""
+    import asyncio
+
+    from clawrl.engines.remote import RemoteGeneration, TextStream
+    from clawrl.engines.sglang import SGLangEngine
+    from clawrl.errors import RequestError
+    from clawrl.types import GenParams
+    cfg = load_config(env={k: v for k, v in ctx.daemon.env.items() if k.startswith("CLAWRL_")})
+    engine = SGLangEngine(cfg)
+
+    async def run():
+        engine._aclient = httpx.AsyncClient(timeout=60)
+        gen = RemoteGeneration([1, 2, 3], GenParams(max_tokens=4), asyncio.get_running_loop())
+        try:
+            await engine._stream(gen, "no-such-adapter", TextStream(tokenizer))
+        finally:
+            await engine._aclient.aclose()
+    with pytest.raises(RequestError) as e:
+        asyncio.run(run())
+    assert e.value.status == 400 and e.value.code == "engine_refused"
+    assert "no-such-adapter" in e.value.message
 
 
 def test_sglang_double_killed_mid_request_gives_502_then_503_and_restarts(ctx):

@@ -41,7 +41,9 @@ def test_config_refuses_ranks_vllm_cannot_serve():
 def ctx(tmp_path_factory):
     home = make_home(tmp_path_factory.mktemp("vllm-double"))
     port, transcript = free_port(), home / "double.jsonl"
-    d = Daemon(home, env=engine_env("vllm", port, transcript)).start(timeout=400)
+    # A short context, so that a prompt which fills it prefills in seconds on a CPU.
+    d = Daemon(home, env=engine_env("vllm", port, transcript, CLAWRL_MODEL_CONTEXT_LENGTH="1024"))
+    d.start(timeout=400)
     yield scenarios.Ctx("vllm", d, Transcript(transcript), f"http://127.0.0.1:{port}", MODEL_DIR)
     d.stop()
 
@@ -77,6 +79,11 @@ def test_vllm_double_swap_routes_requests_and_unloads_old_adapters_when_idle(ctx
 
 def test_vllm_double_refuses_adapter_above_max_lora_rank(ctx):
     scenarios.refuses_adapter_above_server_rank(ctx, max_rank=8)
+
+
+def test_vllm_double_prompt_near_the_context_is_served_and_teacher_scored(ctx, tokenizer):
+    """vLLM accepts prompt + max_tokens == max_model_len, and scores with one generated token."""
+    scenarios.fills_the_context(ctx, tokenizer, free=0)
 
 
 def test_vllm_double_killed_mid_request_gives_502_then_503_and_restarts(ctx):

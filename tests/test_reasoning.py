@@ -63,6 +63,7 @@ def test_the_split_does_not_depend_on_how_the_text_is_chunked(text, want):
 class ReplayEngine:
     """Answers THINK + CALL, or THINK + ANSWER once a tool result is in the conversation."""
     model_id, context_length, adapter_version, parse_tools, max_queue = "replay", 4096, 0, True, 8
+    generation_margin = 0
 
     def __init__(self):
         from transformers import AutoTokenizer

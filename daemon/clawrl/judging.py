@@ -50,7 +50,7 @@ def engine_complete(engine, temperature: float, max_tokens: int):
 
     async def complete(messages: list[dict]) -> str:
         ids = await asyncio.to_thread(engine.render, messages, None)
-        budget = min(max_tokens, engine.context_length - len(ids))
+        budget = min(max_tokens, engine.context_length - len(ids) - engine.generation_margin)
         gen = engine.submit(ids, GenParams(max_tokens=budget, temperature=temperature), adapter=0)
         text = ""
         async for ev in gen:

@@ -275,7 +275,7 @@ async def chat_completions(request: Request) -> Response:
     # And again with no await before the submit: a burst that passed the first check together,
     # while its requests were being rendered, must not all join the queue.
     _refuse_if_queue_full(state)
-    budget = engine.context_length - len(prompt_ids)
+    budget = engine.context_length - len(prompt_ids) - engine.generation_margin
     params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
                        temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed)
     gen = engine.submit(prompt_ids, params)

@@ -164,8 +164,7 @@ class Trainer:
         k = self.cfg.opd.topk
         if (s.teacher_logp is None or (k and s.teacher_topk is None)) and self.remote_teacher:
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
-            room = max(1, self.cfg.model.context_length - len(s.response_ids))
-            s.teacher_logp, top = self.remote_teacher(context[-room:], s.response_ids, k)
+            s.teacher_logp, top = self.remote_teacher(context, s.response_ids, k)
             s.teacher_topk = top if k else None
             self.fresh_teacher.append((json.dumps(s.teacher_logp),
                                        json.dumps(top) if k else None, s.id))

@@ -230,3 +230,35 @@ def seed_reaches_the_server(ctx: Ctx) -> None:
         assert sent[key] == 1234, sent
         answers.append(json.loads(row["response_ids"]))
     assert answers[0] == answers[1]
+
+
+def fills_the_context(ctx: Ctx, tokenizer, free: int) -> None:
+    """A prompt 10 tokens short of the context, asking for as many tokens as the context holds:
+    the budget is cut to what the server accepts (it keeps `free` positions past prompt +
+    max_tokens: SGLang 1, vLLM 0), so the request is served, not refused. Then a hinted
+    teacher context that, with the response, would fill the context exactly is cut to leave the
+    one position both servers need to score it."""
+    from clawrl.chat_format import render_prompt
+    limit = httpx.get(f"{ctx.url}/v1/models", timeout=30).json()["data"][0]["context_length"]
+    words = limit
+    for _ in range(8):            # " word" is one token; the template adds a few around it
+        text = "word" + " word" * (words - 1)
+        n = len(render_prompt(tokenizer, [{"role": "user", "content": text}], None))
+        if n == limit - 10:
+            break
+        words -= n - (limit - 10)
+    assert n == limit - 10
+    r = chat(ctx.url, text, f"{ctx.kind}-fill", max_tokens=limit)
+    assert r.status_code == 200, r.text
+    row = ctx.daemon.wait_turn(int(r.headers["x-clawrl-turn-id"]))
+    assert len(json.loads(row["prompt_ids"])) == limit - 10
+    assert json.loads(row["request_json"])["params"]["max_tokens"] == 10 - free
+    assert row["completion_tokens"] <= 10 - free
+    prompt, ids = json.loads(row["prompt_ids"]), json.loads(row["response_ids"])
+    assert ids, "the model answered nothing; the teacher half needs a response"
+    context = prompt + prompt[-1:] * (limit - len(prompt) - len(ids))
+    assert len(context) + len(ids) == limit
+    cfg = load_config(env={k: v for k, v in ctx.daemon.env.items() if k.startswith("CLAWRL_")})
+    logps, _ = remote_teacher(cfg)(context, ids, 0)
+    assert len(logps) == len(ids)
+    assert len(ctx.transcript.events("score")[-1]["input_ids"]) == limit - 1

@@ -79,11 +79,27 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens", 128))
         name = body.get("lora_path")
+
+        def refuse(message: str) -> Response:
+            # SGLang's generate_request (entrypoints/http_server.py): a ValueError raised while
+            # checking the request is a 400 without streaming, and with streaming an in-band
+            # error line after the 200.
+            if not body.get("stream"):
+                return error(message)
+            lines = f"data: {json.dumps({'error': {'message': message}})}\n\ndata: [DONE]\n\n"
+            return Response(lines, media_type="text/event-stream")
         if name is not None and name not in c.adapters:
-            return error(f"LoRA adapter {name!r} is not loaded")
-        if len(ids) + max_new > c.engine.context_length:
-            return error(f"{len(ids)} input tokens + {max_new} new exceed the context length "
-                         f"{c.engine.context_length}")
+            return refuse(f"LoRA adapter {name!r} is not loaded")
+        # tokenizer_manager.py, _validate_one_request: both sums must stay below the context.
+        ctx = c.engine.context_length
+        if len(ids) >= ctx:
+            return refuse(f"The input ({len(ids)} tokens) is longer than the model's context "
+                          f"length ({ctx} tokens).")
+        if len(ids) + max_new >= ctx:
+            return refuse(f"Requested token count exceeds the model's maximum context length of "
+                          f"{ctx} tokens. You requested a total of {len(ids) + max_new} tokens: "
+                          f"{len(ids)} tokens from the input messages and {max_new} tokens for "
+                          "the completion.")
         want_lp, start = bool(body.get("return_logprob")), int(body.get("logprob_start_len", -1))
         top_k = int(body.get("top_logprobs_num") or 0)
         rid = body.get("rid") or uuid.uuid4().hex

@@ -90,10 +90,11 @@ class TaskGeneration(Generation):
 
 
 def render_checked(tokenizer, messages: list[dict], tools: list[dict] | None,
-                   context_length: int) -> list[int]:
-    """Prompt ids for a request, or the OpenAI-style 400 when they leave no room to answer."""
+                   context_length: int, margin: int = 0) -> list[int]:
+    """Prompt ids for a request, or the OpenAI-style 400 when they leave no room to answer
+    (`margin`: the tokens the server keeps free, see Engine.generation_margin)."""
     ids = render_prompt(tokenizer, messages, tools)
-    if len(ids) >= context_length:
+    if len(ids) + margin >= context_length:
         raise RequestError(
             f"This model's maximum context length is {context_length} tokens, but the "
             f"messages come to {len(ids)} tokens. Shorten the conversation or its tools.",
@@ -104,6 +105,9 @@ def render_checked(tokenizer, messages: list[dict], tools: list[dict] | None,
 class Engine(Protocol):
     model_id: str
     context_length: int
+    # Tokens the server keeps free past prompt + max_tokens: a request may ask for at most
+    # context_length - len(prompt) - generation_margin new tokens.
+    generation_margin: int
     adapter_version: int
     parse_tools: bool
 

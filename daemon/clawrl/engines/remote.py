@@ -74,14 +74,20 @@ def error_message(response: httpx.Response) -> str:
     return json.dumps(body)[:500]
 
 
+def refused(kind: str, message: str) -> RequestError:
+    """The server refused this request for what it asks (400 `engine_refused`): sending it
+    again would fail again."""
+    return RequestError(f"the {kind} server refused the request: {message}", status=400,
+                        code="engine_refused")
+
+
 def upstream_error(kind: str, response: httpx.Response, message: str | None = None) -> RequestError:
     """A non-200 answer to a generation: the caller's fault stays 4xx, the server's becomes 502/503."""
     message = message or error_message(response)
     if response.status_code == 503:
         return unavailable(kind, message)
     if 400 <= response.status_code < 500:
-        return RequestError(f"the {kind} server refused the request: {message}",
-                            status=400, code="engine_refused")
+        return refused(kind, message)
     return RequestError(f"the {kind} server failed: {message}", status=502, type="server_error",
                         code="engine_error")
 
@@ -116,6 +122,7 @@ class RemoteEngine:
     """The engine interface over a server. Subclasses set `kind` and implement `launch_command`,
     `server_info`, `_stream`, `_server_load` and `_server_unload`."""
     kind = "remote"
+    generation_margin = 0      # vLLM: prompt + max_tokens <= max_model_len
 
     def __init__(self, cfg: Config):
         logging.getLogger("httpx").setLevel(logging.WARNING)   # not a line per health check
@@ -221,7 +228,8 @@ class RemoteEngine:
 
     # -- proxy-facing -------------------------------------------------------------------------------------
     def render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return render_checked(self.tokenizer, messages, tools, self.context_length)
+        return render_checked(self.tokenizer, messages, tools, self.context_length,
+                              self.generation_margin)
 
     def submit(self, prompt_ids: list[int], params: GenParams,
                adapter: int | None = None) -> Generation:
@@ -338,9 +346,16 @@ class TeacherUnavailable(ClawrlError):
     """The server could not score a sample now; the trainer tries again later."""
 
 
+# Both servers refuse a scoring request that fills the context: SGLang input >= context_len
+# (tokenizer_manager.py, _validate_one_request), vLLM prompt + the one token it generates >
+# max_model_len. So a hinted context is cut to leave one position free.
+SCORING_MARGIN = 1
+
+
 def remote_teacher(cfg: Config):
     """A function (context ids, response ids, k) -> (logprobs, top-k or None) that has the
-    engine's server score the served response with the base model; None for in-process engines."""
+    engine's server score the served response with the base model, the context cut from the
+    left to fit; None for in-process engines."""
     if cfg.engine.kind == "sglang":
         from .sglang import score
     elif cfg.engine.kind == "vllm":
@@ -350,8 +365,9 @@ def remote_teacher(cfg: Config):
     url, client = server_url(cfg), httpx.Client(timeout=CONTROL_TIMEOUT)
 
     def teacher(context: list[int], response: list[int], k: int):
+        room = max(1, cfg.model.context_length - len(response) - SCORING_MARGIN)
         try:
-            return score(client, url, cfg, context, response, k)
+            return score(client, url, cfg, context[-room:], response, k)
         except httpx.HTTPError as e:
             raise TeacherUnavailable(f"the {cfg.engine.kind} server at {url} could not score: "
                                      f"{type(e).__name__}: {e}") from None

@@ -8,8 +8,11 @@ the "Sampling Parameters" and "LoRA Serving" documentation pages):
   greedy), `top_p`, `sampling_seed`), `return_logprob`, `logprob_start_len` (-1 = output tokens only),
   `top_logprobs_num`, `stream` and `lora_path` (the *name* an adapter was loaded under; null =
   the base model).
-* Streaming answers `data: {...}` lines and ends with `data: [DONE]`; an error is a
-  `data: {"error": {"message"}}` line. Each chunk has `text`, `output_ids` and `meta_info` with
+* Streaming answers `data: {...}` lines and ends with `data: [DONE]`; a request SGLang refuses
+  (a ValueError: too long, an unknown adapter, a bad parameter) is a `data: {"error":
+  {"message"}}` line after the 200 (`entrypoints/http_server.py`, generate_request), a 400
+  without streaming. Input and output must stay *below* the context: `input >= context_len`
+  and `max_new_tokens + input >= context_len` are refused (`generation_margin`). Each chunk has `text`, `output_ids` and `meta_info` with
   `output_token_logprobs` as `[logprob, token_id, text|null]` triples, `finish_reason` (null, or
   `{"type": "stop"|"length"|"abort", ...}`), `prompt_tokens`, `completion_tokens` and
   `cached_tokens`. Chunks are cumulative unless the server runs with
@@ -40,13 +43,16 @@ import httpx
 from ..config import Config
 from ..types import Finish
 from .remote import (AdapterRefused, RemoteEngine, RemoteGeneration, TextStream, check_scored,
-                     error_message, upstream_error)
+                     error_message, refused, upstream_error)
 
 FINISH = {"stop": "stop", "length": "length"}
 
 
 class SGLangEngine(RemoteEngine):
     kind = "sglang"
+    # SGLang refuses max_new_tokens + input >= context_len (tokenizer_manager.py,
+    # _validate_one_request; only --allow-auto-truncate relaxes it): one position stays free.
+    generation_margin = 1
 
     def launch_command(self, model_path: Path) -> tuple[list[str], dict[str, str]]:
         e, t = self.cfg.engine, self.cfg.train
@@ -93,8 +99,8 @@ class SGLangEngine(RemoteEngine):
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
-                if "error" in chunk:
-                    raise upstream_error(self.kind, r, str(chunk["error"].get("message", chunk)))
+                if "error" in chunk:     # SGLang's own refusal of this request (a ValueError)
+                    raise refused(self.kind, str(chunk["error"].get("message", chunk)))
                 meta = chunk.get("meta_info") or {}
                 triples = meta.get("output_token_logprobs") or []
                 total = meta.get("completion_tokens", seen + len(triples))

@@ -162,6 +162,7 @@ class TinkerEngine:
     """The engine interface (engines/base.py) over Tinker's sampling clients: version 0 is the
     base model, every other version a sampling client for the sampler weights it names."""
     kind = "tinker"
+    generation_margin = 0
     adapter_kind = adapters.REMOTE_KIND
 
     def __init__(self, cfg: Config, service_factory=None):
