@@ -108,12 +108,15 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
         if max_new == 0:                       # scoring: logprobs of the prompt, nothing new
             rows = await c.prompt_logprobs(ids, top_k) if want_lp else []
             if want_lp:
+                # Current SGLang leaves the first position it returns (logprob_start_len) without
+                # a logprob, not only position 0 of the prompt.
                 first = max(0, start)
                 meta["input_token_logprobs"] = [
-                    [None if i == 0 else rows[i - 1][0], ids[i], None] for i in range(first, len(ids))]
+                    [None if i == first else rows[i - 1][0], ids[i], None]
+                    for i in range(first, len(ids))]
                 if top_k:
                     meta["input_top_logprobs"] = [
-                        None if i == 0 else [[lp, t, None] for t, lp in rows[i - 1][1]]
+                        None if i == first else [[lp, t, None] for t, lp in rows[i - 1][1]]
                         for i in range(first, len(ids))]
                 meta["output_token_logprobs"] = []
             meta["finish_reason"] = {"type": "length", "length": 0}

@@ -23,7 +23,8 @@ the "Sampling Parameters" and "LoRA Serving" documentation pages):
   (temperature 1), so it sets that variable for a server it launches.
 * Scoring: `max_new_tokens: 0` with `return_logprob` and `logprob_start_len` returns
   `meta_info.input_token_logprobs` (and `input_top_logprobs` with `top_logprobs_num`) for the
-  prompt positions from that start; position 0 of a prompt has no logprob (null).
+  prompt positions from that start; the first position returned (the start itself) has no
+  logprob (null), so `score` starts one token before the response.
 * `POST /load_lora_adapter {"lora_name", "lora_path"}` and `POST /unload_lora_adapter
   {"lora_name"}` answer `{"success", "error_message", "loaded_adapters"}`, 400 on failure (e.g.
   a rank above `--max-lora-rank`). Runtime loading needs `--enable-lora` and `--dp-size 1`.
