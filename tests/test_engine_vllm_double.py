@@ -37,6 +37,23 @@ def test_config_refuses_ranks_vllm_cannot_serve():
         load_config(env={"CLAWRL_ENGINE_KIND": "vllm", "CLAWRL_ENGINE_MAX_LORA_RANK": "24"})
 
 
+def test_vllm_is_launched_from_the_daemons_interpreter_with_logprobs_for_topk(tmp_path):
+    """Not a bare `vllm` from PATH (systemd units set none): the module the `vllm` script runs
+    (vllm/entrypoints/cli/main.py), and --max-logprobs covers opd.topk (vLLM's default is 20)."""
+    import sys
+
+    from clawrl.engines.vllm import VLLMEngine
+    cfg = load_config(env={"CLAWRL_ENGINE_KIND": "vllm", "CLAWRL_OPD_TOPK": "32"})
+    engine = VLLMEngine(cfg)
+    try:
+        argv, _ = engine.launch_command(tmp_path)
+    finally:
+        engine.close()
+    assert argv[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert argv[argv.index("--max-logprobs") + 1] == "32"
+    assert "--enable-prompt-tokens-details" in argv
+
+
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory):
     home = make_home(tmp_path_factory.mktemp("vllm-double"))
@@ -58,8 +75,9 @@ def test_vllm_double_launched_as_vllm_serve_with_the_recipe_options(ctx):
     argv = ctx.transcript.events("start")[0]["argv"]
     assert argv[1] == str(MODEL_DIR) or argv[1].endswith("SmolLM2-135M-Instruct")
     for flag in ("--enable-lora", "--max-lora-rank", "--max-loras", "--tensor-parallel-size",
-                 "--data-parallel-size", "--served-model-name"):
+                 "--data-parallel-size", "--served-model-name", "--enable-prompt-tokens-details"):
         assert flag in argv
+    assert argv[argv.index("--max-logprobs") + 1] == "20"
 
 
 def test_vllm_double_streams_exact_token_ids_and_logprobs(ctx, tokenizer):

@@ -51,7 +51,9 @@ class EngineConfig:
     port: int = _f(30010, "sglang/vllm with launch = true: loopback port the launched server binds",
                    minimum=1)
     command: str = _f("", "sglang/vllm: the server command clawrl's arguments are appended to; "
-                      "empty = 'python -m sglang.launch_server' or 'vllm serve'")
+                      "empty = 'python -m sglang.launch_server' or 'python -m "
+                      "vllm.entrypoints.cli.main serve' (what `vllm serve` runs), both with "
+                      "the daemon's own interpreter")
     extra_args: str = _f("", "sglang/vllm: more server arguments, appended as written "
                          "(e.g. '--mem-fraction-static 0.5')")
     tensor_parallel: int = _f(1, "sglang/vllm: GPUs one model copy is split over "

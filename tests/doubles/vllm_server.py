@@ -43,6 +43,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--data-parallel-size", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--transcript", default=None, help="double only: JSONL log of every event")
     return p.parse_args(argv)
 

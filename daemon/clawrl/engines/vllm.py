@@ -23,7 +23,9 @@ Adapters" documentation page, section "Dynamically serving LoRA Adapters"):
   `--max-lora-rank` fails with "LoRA rank R is greater than max_lora_rank M."). A name can be
   loaded once: each version gets a new name and path.
 * Server options: `vllm serve MODEL --enable-lora --max-lora-rank R --max-loras N
-  --tensor-parallel-size T --data-parallel-size D`; `--max-lora-rank` takes 1, 8, 16, 32, 64, 128,
+  --tensor-parallel-size T --data-parallel-size D`, plus `--enable-prompt-tokens-details` (else
+  usage has no cached tokens) and `--max-logprobs` (default 20: more logprobs per position are
+  refused); `--max-lora-rank` takes 1, 8, 16, 32, 64, 128,
   256, 320 or 512 (vllm/config/lora.py). `GET /health` is 200 when serving.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import httpx
@@ -70,7 +73,10 @@ class VLLMEngine(RemoteEngine):
 
     def launch_command(self, model_path: Path) -> tuple[list[str], dict[str, str]]:
         e = self.cfg.engine
-        argv = (shlex.split(e.command) or ["vllm", "serve"]) + [
+        # The daemon's own interpreter, not a `vllm` found on PATH (systemd units set no PATH to
+        # a virtual environment); vllm/entrypoints/cli/main.py is what the `vllm` script runs.
+        argv = (shlex.split(e.command) or [sys.executable, "-m", "vllm.entrypoints.cli.main",
+                                           "serve"]) + [
             str(model_path), "--host", "127.0.0.1", "--port", str(e.port),
             "--served-model-name", self.cfg.model.name,
             "--max-model-len", str(self.cfg.model.context_length),
@@ -78,6 +84,10 @@ class VLLMEngine(RemoteEngine):
             "--max-loras", str(e.max_loras_per_batch),
             "--tensor-parallel-size", str(e.tensor_parallel),
             "--data-parallel-size", str(e.data_parallel),
+            # Without it usage has no prompt_tokens_details, so cached tokens always read 0.
+            "--enable-prompt-tokens-details",
+            # vLLM refuses more logprobs per position than this (default 20); opd.topk needs K.
+            "--max-logprobs", str(max(20, self.cfg.opd.topk)),
         ] + shlex.split(e.extra_args)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         if e.serve_gpus:
