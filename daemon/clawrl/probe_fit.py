@@ -3,8 +3,9 @@ models, keyed by the base model's hash), when it is fitted (missing, unreadable,
 another corpus or reader), and the cache of the corpus's features that makes a refit take seconds.
 
 The fit is plain: standardise, a multinomial logistic regression by L-BFGS with its L2 strength
-chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (the most recall
-that keeps MIN_PRECISION on corrections and at most MAX_WRONG_SIGN wrong signs). The test split
+chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (the most right
+votes less WRONG_SIGN_COST times the wrong-sign ones, keeping MIN_PRECISION on corrections). The
+test split
 is never read here. What a head computes, and the judge that uses it, are probe.py's.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from . import feedback_corpus as corpus
 from .feedback_corpus import metrics
-from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, Head, HeadMeta, ProbeError,
+from .probe import (FORMAT, L2_GRID, MIN_PRECISION, WRONG_SIGN_COST, Head, HeadMeta, ProbeError,
                     Reader, decide, exchange)
 
 log = logging.getLogger("clawrl.probe")
@@ -61,17 +62,21 @@ def _score(pred: list[int], gold: list[int]) -> dict:
 
 def _choose_thresholds(probs: torch.Tensor, gold: list[int]) -> tuple[float, float, dict]:
     """The thresholds for a correction vote and for an approval vote (each class is calibrated
-    its own way) with the most recall, corrections and approvals together, at which dev keeps
-    MIN_PRECISION on corrections and at most MAX_WRONG_SIGN wrong signs; where no pair does, the
-    pair with the fewest wrong signs."""
+    its own way) that give dev the most right votes less WRONG_SIGN_COST times the votes with the
+    wrong sign, among those that keep MIN_PRECISION on corrections; where none does, the pair
+    with the best correction precision."""
     grid = [t / 100 for t in range(34, 100, 2)]
     scored = [(tn, tp, _score(decide(probs, tn, tp), gold)) for tn in grid for tp in grid]
-    ok = [c for c in scored if c[2]["correction_precision"] >= MIN_PRECISION
-          and c[2]["wrong_sign_rate"] <= MAX_WRONG_SIGN]
+    n = max(1, len(gold))
+    share = {lab: sum(g == lab for g in gold) / n for lab in (-1, 1)}
+
+    def net(s: dict) -> float:
+        right = s["correction_recall"] * share[-1] + s["approval_recall"] * share[1]
+        return right - WRONG_SIGN_COST * s["wrong_sign_rate"]
+    ok = [c for c in scored if c[2]["correction_precision"] >= MIN_PRECISION]
     if ok:
-        return max(ok, key=lambda c: (c[2]["correction_recall"] + c[2]["approval_recall"],
-                                      -c[0] - c[1]))
-    return min(scored, key=lambda c: (c[2]["wrong_sign_rate"], -c[0] - c[1]))
+        return max(ok, key=lambda c: (net(c[2]), -c[0] - c[1]))
+    return max(scored, key=lambda c: (c[2]["correction_precision"], -c[0] - c[1]))
 
 
 def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, reader_key: dict,
