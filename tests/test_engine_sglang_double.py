@@ -56,6 +56,18 @@ def test_every_shipped_recipe_loads(recipe):
     assert cfg.engine.kind == declared.get("engine", {}).get("kind", "embedded")
 
 
+def test_sglang_launch_asks_for_the_models_own_logprobs_under_both_names(tmp_path):
+    """SGLang scales logprobs by the temperature unless told not to; newer releases read
+    SGLANG_RETURN_ORIGINAL_LOGPROB, mid-2025 ones RETURN_ORIGINAL_LOGPROB (layers/sampler.py)."""
+    from clawrl.engines.sglang import SGLangEngine
+    engine = SGLangEngine(load_config(env={"CLAWRL_ENGINE_KIND": "sglang"}))
+    try:
+        _, env = engine.launch_command(tmp_path)
+    finally:
+        engine.close()
+    assert env["SGLANG_RETURN_ORIGINAL_LOGPROB"] == env["RETURN_ORIGINAL_LOGPROB"] == "1"
+
+
 def test_adapter_registry_unloads_a_retired_version_after_its_last_request():
     reg = AdapterRegistry()
     reg.add(1, "n1")

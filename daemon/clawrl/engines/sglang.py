@@ -19,8 +19,9 @@ the "Sampling Parameters" and "LoRA Serving" documentation pages):
   `--incremental-streaming-output` (tokenizer_manager's output handling); `completion_tokens`
   is cumulative in both, so the new tokens are always the last `completion_tokens - seen`.
 * Output logprobs are taken after temperature scaling unless the server process has
-  `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (layers/sampler.py). clawrl records the model's own logprobs
-  (temperature 1), so it sets that variable for a server it launches.
+  `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (layers/sampler.py; mid-2025 releases read
+  `RETURN_ORIGINAL_LOGPROB`). clawrl records the model's own logprobs (temperature 1), so it sets
+  both for a server it launches.
 * Scoring: `max_new_tokens: 0` with `return_logprob` and `logprob_start_len` returns
   `meta_info.input_token_logprobs` (and `input_top_logprobs` with `top_logprobs_num`) for the
   prompt positions from that start; the first position returned (the start itself) has no
@@ -68,7 +69,9 @@ class SGLangEngine(RemoteEngine):
             "--max-loras-per-batch", str(e.max_loras_per_batch),
             "--tp-size", str(e.tensor_parallel), "--dp-size", str(e.data_parallel),
         ] + shlex.split(e.extra_args)
-        env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
+        # Newer SGLang reads the first name, mid-2025 releases the second (layers/sampler.py);
+        # without it the recorded logprobs would silently be temperature-scaled.
+        env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "RETURN_ORIGINAL_LOGPROB": "1"}
         if e.serve_gpus:
             env["CUDA_VISIBLE_DEVICES"] = e.serve_gpus
         return argv, env
