@@ -100,8 +100,9 @@ class Judging(BackgroundLoop):
                 self._stopping.set()     # the fit stops at its next line; shutdown goes on
                 raise
             self.judge = probe.ProbeJudge(head, reader)
-            log.info("judge: probe (threshold %.2f, dev correction recall %.2f)",
-                     head.meta.threshold, head.meta.dev.get("correction_recall", 0.0))
+            log.info("judge: probe (thresholds %.2f/%.2f, dev correction recall %.2f)",
+                     head.meta.threshold, head.meta.approval_threshold,
+                     head.meta.dev.get("correction_recall", 0.0))
         except Exception as e:
             self.judge = make_judge("rules", 1)
             log.error("judge: the probe could not be built (%s); judging by the rules judge "

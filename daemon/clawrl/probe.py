@@ -5,8 +5,9 @@ The base model reads the exchange in chat form (the question, the tail of the an
 reply); the last token's hidden state at a few layers and the reply's mean hidden state at two
 more are the feature vector; a multinomial logistic head, fitted on the feedback corpus's train
 split, gives p(-1), p(0), p(+1). A vote is cast only when its probability reaches its class's
-threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool results keep the rules judge's
-structured reading (JSON fields, exit codes), and on -1 the user's own words are the hint.
+threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool results
+keep the rules judge's structured reading (JSON fields, exit codes), and on -1 the user's own
+words are the hint.
 
 It owns the features, the head (what it computes, save, load) and the `ProbeJudge`. Fitting a
 head, where it lives and when it is refitted are probe_fit.py's; the judging loop only calls

@@ -89,6 +89,7 @@ class _Request:
 
 class EmbeddedEngine:
     generation_margin = 0      # it generates up to the last position of the context
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.model_id = cfg.model.name

@@ -12,8 +12,8 @@ the "Sampling Parameters" and "LoRA Serving" documentation pages):
   (a ValueError: too long, an unknown adapter, a bad parameter) is a `data: {"error":
   {"message"}}` line after the 200 (`entrypoints/http_server.py`, generate_request), a 400
   without streaming. Input and output must stay *below* the context: `input >= context_len`
-  and `max_new_tokens + input >= context_len` are refused (`generation_margin`). Each chunk has `text`, `output_ids` and `meta_info` with
-  `output_token_logprobs` as `[logprob, token_id, text|null]` triples, `finish_reason` (null, or
+  and `max_new_tokens + input >= context_len` are refused (`generation_margin`). Each chunk has
+  `text`, `output_ids` and `meta_info` with `output_token_logprobs` as `[logprob, token_id, text|null]` triples, `finish_reason` (null, or
   `{"type": "stop"|"length"|"abort", ...}`), `prompt_tokens`, `completion_tokens` and
   `cached_tokens`. Chunks are cumulative unless the server runs with
   `--incremental-streaming-output` (tokenizer_manager's output handling); `completion_tokens`
