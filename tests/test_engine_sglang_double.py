@@ -110,6 +110,8 @@ def test_sglang_double_launched_with_the_recipe_options(ctx):
                  "--tp-size", "--dp-size"):
         assert flag in argv
     assert argv[argv.index("--max-lora-rank") + 1] == "8"
+    # The server's release (server_info's "version") is read at start and shown to the operator.
+    assert httpx.get(f"{ctx.url}/readyz", timeout=10).json()["engine"]["server_version"] == "double"
 
 
 def test_sglang_double_streams_exact_token_ids_and_logprobs(ctx, tokenizer):

@@ -10,6 +10,7 @@ against a real vLLM on a GPU machine.
 """
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from clawrl.config import load_config
@@ -78,6 +79,8 @@ def test_vllm_double_launched_as_vllm_serve_with_the_recipe_options(ctx):
                  "--data-parallel-size", "--served-model-name", "--enable-prompt-tokens-details"):
         assert flag in argv
     assert argv[argv.index("--max-logprobs") + 1] == "20"
+    # The server's release is read at start and shown to the operator.
+    assert httpx.get(f"{ctx.url}/readyz", timeout=10).json()["engine"]["server_version"] == "double"
 
 
 def test_vllm_double_streams_exact_token_ids_and_logprobs(ctx, tokenizer):

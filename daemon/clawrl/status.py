@@ -95,6 +95,7 @@ def engine_line(kind: str, e: dict | None) -> str:
     text = f"{e.get('kind', kind)}  {state}"
     where = [f"at {e['url']}" if e.get("url") else "", f"pid {e['pid']}" if e.get("pid") else "",
              count(e["restarts"], "restart") if e.get("restarts") else "",
+             f"version {e['server_version']}" if e.get("server_version") else "",
              e.get("base_model") or ""]
     text += "".join(f", {w}" for w in where if w)
     if e.get("last_error"):

@@ -65,6 +65,9 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
+    async def version(request: Request) -> Response:
+        return JSONResponse({"version": "double"})
+
     async def models(request: Request) -> Response:
         cards = [{"id": served, "object": "model", "owned_by": "vllm", "root": args.model,
                   "parent": None, "max_model_len": c.engine.context_length}]
@@ -208,7 +211,8 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
         c.hold(body.get("lora_name"), bool(body.get("hold")))
         return JSONResponse({"held": sorted(c.held)})
 
-    routes = [Route("/_double/hold", hold, methods=["POST"]), Route("/health", health), Route("/v1/models", models),
+    routes = [Route("/_double/hold", hold, methods=["POST"]), Route("/health", health),
+              Route("/version", version), Route("/v1/models", models),
               Route("/v1/completions", completions, methods=["POST"])]
     if runtime_lora and args.enable_lora:
         routes += [Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),

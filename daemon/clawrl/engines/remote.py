@@ -138,6 +138,7 @@ class RemoteEngine:
         self.tokenizer = None
         self.eos_ids: set[int] = set()
         self.info: dict = {}
+        self.server_version = ""       # what the server says it is, read at every (re)start
         self._inflight: set[RemoteGeneration] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix=f"clawrl-{self.kind}")
         self._client = httpx.Client(timeout=CONTROL_TIMEOUT)
@@ -154,6 +155,10 @@ class RemoteEngine:
     def server_info(self) -> dict:
         """Whatever the server reports about itself ({} when it reports nothing)."""
         return {}
+
+    def read_version(self) -> str:
+        """The server's release, '' when it does not say."""
+        return str(self.info.get("version") or "")
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         raise NotImplementedError
@@ -193,6 +198,9 @@ class RemoteEngine:
         """On every (re)start: check what the server says about itself, then load the adapters
         that were loaded before (a fresh server has none) under fresh names."""
         self.info = self.server_info()
+        self.server_version = self.read_version()
+        log.info("%s server at %s: version %s", self.kind, self.url,
+                 self.server_version or "unknown (it does not say)")
         rank = self.info.get("max_lora_rank")
         if isinstance(rank, int) and rank < self.cfg.train.lora_r:
             raise ModelError(f"the {self.kind} server at {self.url} accepts LoRA ranks up to {rank} "
@@ -224,6 +232,7 @@ class RemoteEngine:
     def status(self) -> dict:
         return {"kind": self.kind, **(self.server.status() if self.server else {}),
                 "available": bool(self.server and self.server.available),
+                "server_version": self.server_version or None,
                 "adapters": {v: n for v, n in sorted(self.registry.names.items())}}
 
     # -- proxy-facing -------------------------------------------------------------------------------------

@@ -98,6 +98,14 @@ class VLLMEngine(RemoteEngine):
         self.served_name = base_model_name(self._client, self.url, self.cfg)
         return {}   # vLLM does not report its LoRA limits outside its development mode
 
+    def read_version(self) -> str:
+        """`GET /version` answers {"version": ...} (entrypoints/openai/api_server.py)."""
+        try:
+            r = self._client.get(f"{self.url}/version")
+            return str(r.json().get("version") or "") if r.status_code == 200 else ""
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return ""
+
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         p = gen.params
         body = {"model": name or self.served_name, "prompt": gen.prompt_ids,
