@@ -13,7 +13,8 @@ sends token ids and per-token numbers. One step:
    rewarding an empty answer, times the importance weights, divided by the batch's response tokens
    (Tinker sums token losses; clawrl's PPO loss is a token mean, so every token counts alike).
 4. `train.epochs` times: `forward_backward(datums, "ppo", {clip_low_threshold: 1 - eps_low,
-   clip_high_threshold: 1 + eps_high})` then `optim_step(AdamParams(...))`. Datums follow Tinker's
+   clip_high_threshold: 1 + eps_high})` then `optim_step(AdamParams(...))`. The SDK takes the
+   thresholds; Tinker's documentation of `ppo` says the service fixes both at 0.2 for now. Datums follow Tinker's
    next-token alignment: model_input = sequence[:-1], target_tokens = sequence[1:], and
    `logprobs` / `advantages` are 0 on prompt positions.
 5. `save_state(name)` (where a later trainer resumes: `create_training_client_from_state_with_
