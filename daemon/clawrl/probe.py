@@ -170,7 +170,7 @@ class HeadMeta:
     model_hash: str
     corpus: str               # fingerprint of the split files it was fitted on
     layers: list[int]         # last-token layers, then reply-mean layers
-    dtype: str                # what the base model read in (bfloat16 or float32)
+    dtype: str                # what the base model read in (float32)
     l2: float
     threshold: float          # a correction vote needs at least this p(-1)
     approval_threshold: float  # an approval vote needs at least this p(+1)
@@ -220,10 +220,9 @@ class Head:
         return head
 
 
-def decide(probs: torch.Tensor, threshold: float, approval: float | None = None) -> list[int]:
-    """The vote per row: -1 when p(-1) reaches `threshold`, +1 when p(+1) reaches `approval`
-    (default the same), else 0."""
-    approval = threshold if approval is None else approval
+def decide(probs: torch.Tensor, threshold: float, approval: float) -> list[int]:
+    """The vote per row: -1 when p(-1) reaches `threshold`, +1 when p(+1) reaches `approval`,
+    else 0."""
     out = []
     for p in probs.tolist():
         out.append(-1 if p[0] >= threshold and p[0] >= p[2]
