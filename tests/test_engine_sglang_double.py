@@ -11,6 +11,7 @@ the same loop against a real SGLang on a GPU machine.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -58,7 +59,7 @@ def test_every_shipped_recipe_loads(recipe):
 
 def test_sglang_launch_asks_for_the_models_own_logprobs_under_both_names(tmp_path):
     """SGLang scales logprobs by the temperature unless told not to; newer releases read
-    SGLANG_RETURN_ORIGINAL_LOGPROB, mid-2025 ones RETURN_ORIGINAL_LOGPROB (layers/sampler.py)."""
+    SGLANG_RETURN_ORIGINAL_LOGPROB (from 0.5.4), older ones RETURN_ORIGINAL_LOGPROB (layers/sampler.py)."""
     from clawrl.engines.sglang import SGLangEngine
     engine = SGLangEngine(load_config(env={"CLAWRL_ENGINE_KIND": "sglang"}))
     try:
@@ -209,7 +210,8 @@ def test_sglang_double_attached_by_url_streams_increments_and_its_rank_is_checke
     proc = subprocess.Popen([sys.executable, str(DOUBLES / "sglang_server.py"), "--model-path",
                              str(MODEL_DIR), "--port", str(port), "--enable-lora",
                              "--max-lora-rank", "8", "--incremental-streaming-output",
-                             "--transcript", str(transcript)], stdout=log, stderr=subprocess.STDOUT)
+                             "--transcript", str(transcript)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "SGLANG_DOUBLE_VERSION": "0.5.2"})
     url = f"http://127.0.0.1:{port}"
     attach = {"CLAWRL_ENGINE_KIND": "sglang", "CLAWRL_ENGINE_LAUNCH": "false",
               "CLAWRL_ENGINE_URL": url, "CLAWRL_ENGINE_STARTUP_TIMEOUT_S": "240",
@@ -220,6 +222,17 @@ def test_sglang_double_attached_by_url_streams_increments_and_its_rank_is_checke
         try:
             ctx = scenarios.Ctx("sglang", ok, Transcript(transcript), url, MODEL_DIR)
             scenarios.served_tokens_are_exact(ctx, tokenizer)
+            # This server is 0.5.2, which has no sampling_seed: a seeded request is the caller's
+            # to change, told so before anything is sent; the unseeded ones above were served.
+            status = httpx.get(f"{ok.url}/readyz", timeout=10).json()["engine"]
+            assert status["server_version"] == "0.5.2"
+            sent = len(ctx.transcript.events("generate"))
+            r = chat(ok.url, "hi", "seeded", seed=7)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert (err["param"], err["code"]) == ("seed", "unsupported_parameter")
+            assert "0.5.2" in err["message"] and "0.5.3" in err["message"]
+            assert len(ctx.transcript.events("generate")) == sent
         finally:
             ok.stop()
         assert proc.poll() is None, "stopping an attached daemon must leave the server running"

@@ -10,9 +10,13 @@ import asyncio
 import datetime as dt
 import json
 import os
+import pwd
+import shutil
 import socket
 import sqlite3
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -448,16 +452,54 @@ def test_doctor_finds_a_data_directory_it_cannot_use(setup, monkeypatch, tmp_pat
     assert "is not a directory" in problems()["data directory"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")
 def test_doctor_finds_an_unwritable_turn_log(setup):
     env, _ = setup
     home = Path(env["CLAWRL_HOME"])
-    home.chmod(0o500)
-    try:
-        found = problems()
-    finally:
-        home.chmod(0o700)
+    if os.geteuid() == 0:         # root writes through file permissions: ask as another user
+        found = problems_as_another_user(env)
+        # whose models are private to root: said as such, not a crash
+        assert "cannot be read by this user" in found["model"]
+    else:
+        home.chmod(0o500)
+        try:
+            found = problems()
+        finally:
+            home.chmod(0o700)
     assert {"data directory", "turn log"} <= set(found)
+
+
+def unused_uid() -> int:
+    for uid in range(61000, 62000):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+    raise RuntimeError("no free uid in 61000-61999")
+
+
+def problems_as_another_user(env: dict) -> dict[str, str]:
+    """`clawrl doctor`'s findings for a throwaway uid (setpriv, as root) that owns a copy of the
+    set-up, with its data directory made read-only: the failing checks' names and lines."""
+    uid, base = unused_uid(), Path(tempfile.mkdtemp(prefix="clawrl-uid-"))
+    try:
+        home, oc = base / "home", base / "openclaw"
+        shutil.copytree(env["CLAWRL_HOME"], home, symlinks=True)
+        shutil.copytree(Path(env["OPENCLAW_CONFIG_PATH"]).parent, oc)
+        for path in [base, *base.rglob("*")]:
+            os.lchown(path, uid, uid)
+        base.chmod(0o755)
+        home.chmod(0o500)
+        script = ("import json; from clawrl import doctor; "
+                  "print(json.dumps({c.name: c.line() for c in doctor.run() if not c.ok}))")
+        child = {**os.environ, "HOME": str(base), "CLAWRL_HOME": str(home),
+                 "OPENCLAW_CONFIG_PATH": str(oc / "openclaw.json"), "OPENCLAW_STATE_DIR": str(oc)}
+        r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+                            sys.executable, "-c", script], env=child, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)      # root: whatever the modes
 
 
 def test_doctor_finds_a_missing_or_wrong_openclaw_config(setup):

@@ -319,14 +319,26 @@ def check_plugin(doc: dict, config_path: Path) -> Check:
 
 # -- all of it -----------------------------------------------------------------------------------------
 
+def guarded(name: str, check, cfg: Config) -> Check:
+    """A check that cannot even look (a file this user may not read) reports that, not a crash."""
+    try:
+        return check(cfg)
+    except PermissionError as e:
+        return problem(name, f"{e.filename or 'a file'} cannot be read by this user ({e.strerror})",
+                       "run `clawrl doctor` as the user the daemon runs as: its data directory "
+                       "and models are private to that user")
+
+
 def run(recipe: str | None = None, base_url: str | None = None,
         openclaw_path: Path | None = None) -> list[Check]:
     try:
         cfg = load_config(recipe)
     except ClawrlError as e:
         return [problem("recipe", str(e), "fix the recipe or the CLAWRL_* variable it names")]
-    checks = [ok("recipe", str(cfg.recipe)), check_model(cfg), check_port(cfg), check_home(cfg),
-              check_db(cfg)]
+    checks = [ok("recipe", str(cfg.recipe))] + [
+        guarded(name, check, cfg) for name, check in (("model", check_model), ("port", check_port),
+                                                      ("data directory", check_home),
+                                                      ("turn log", check_db))]
     url = (base_url or daemon_url(cfg)).rstrip("/")
     path = openclaw_path or oc.default_path()
     found, doc = check_openclaw(cfg, path, url)

@@ -17,6 +17,7 @@ import threading
 from .chat_format import content_text
 from .background import BackgroundLoop, FailingPass
 from .config import Config
+from .engines.base import token_budget
 from .judge import JudgeInput, make_judge, openai_complete
 from .metrics import Metrics
 from .store import Store
@@ -50,7 +51,7 @@ def engine_complete(engine, temperature: float, max_tokens: int):
 
     async def complete(messages: list[dict]) -> str:
         ids = await asyncio.to_thread(engine.render, messages, None)
-        budget = min(max_tokens, engine.context_length - len(ids) - engine.generation_margin)
+        budget = token_budget(engine, len(ids), max_tokens)
         gen = engine.submit(ids, GenParams(max_tokens=budget, temperature=temperature), adapter=0)
         text = ""
         async for ev in gen:

@@ -27,7 +27,7 @@ from . import control, dashboard, openapi, skills_api
 from .access import ApiKeyMiddleware
 from .chat_request import ChatRequest, attribute, parse_chat
 from .config import Config
-from .engines.base import Engine, Generation
+from .engines.base import Engine, Generation, token_budget
 from .errors import RequestError
 from .httpjson import read_json
 from .metrics import Metrics, MetricsMiddleware, scrape
@@ -275,8 +275,8 @@ async def chat_completions(request: Request) -> Response:
     # And again with no await before the submit: a burst that passed the first check together,
     # while its requests were being rendered, must not all join the queue.
     _refuse_if_queue_full(state)
-    budget = engine.context_length - len(prompt_ids) - engine.generation_margin
-    params = GenParams(max_tokens=min(req.max_tokens or state.cfg.model.default_max_tokens, budget),
+    asked = req.max_tokens or state.cfg.model.default_max_tokens
+    params = GenParams(max_tokens=token_budget(engine, len(prompt_ids), asked),
                        temperature=req.temperature, top_p=req.top_p, stop=req.stop, seed=req.seed)
     gen = engine.submit(prompt_ids, params)
     turn = _Turn(state, req, att, gen, arrived)

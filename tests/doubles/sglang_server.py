@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -48,6 +49,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+OLDER_THAN_SEED = {"0.5.2", "0.5.1", "0.4.10"}   # releases whose SamplingParams has no sampling_seed
+
+
+def length_refusal(n_input: int, max_new: int, ctx: int) -> str | None:
+    """tokenizer_manager.py, TokenizerManager._validate_one_request, as of releases 0.5.2-0.5.4
+    and main at commit 001067f: the input, and the input plus max_new_tokens, must both stay
+    below the context (release 0.5.23 lets the sum reach it; this double keeps the stricter
+    rule). tests/test_server_contracts.py checks it against each release's source."""
+    if n_input >= ctx:
+        return (f"The input ({n_input} tokens) is longer than the model's context length "
+                f"({ctx} tokens).")
+    if n_input + max_new >= ctx:
+        return (f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {n_input + max_new} tokens: {n_input} tokens "
+                f"from the input messages and {max_new} tokens for the completion.")
+    return None
+
+
 def error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -59,7 +78,9 @@ def lora_result(c: Compute, ok: bool, message: str | None = None, status: int = 
 
 def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
     info = {k: v for k, v in vars(args).items() if k != "transcript"}
-    info.update(version="double", context_length=c.engine.context_length,
+    # SGLANG_DOUBLE_VERSION (a test knob) makes it report, and behave as, an older release.
+    version = os.environ.get("SGLANG_DOUBLE_VERSION", "double")
+    info.update(version=version, context_length=c.engine.context_length,
                 served_model_name=args.served_model_name or args.model_path)
 
     async def health(request: Request) -> Response:
@@ -90,16 +111,12 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
             return Response(lines, media_type="text/event-stream")
         if name is not None and name not in c.adapters:
             return refuse(f"LoRA adapter {name!r} is not loaded")
-        # tokenizer_manager.py, _validate_one_request: both sums must stay below the context.
-        ctx = c.engine.context_length
-        if len(ids) >= ctx:
-            return refuse(f"The input ({len(ids)} tokens) is longer than the model's context "
-                          f"length ({ctx} tokens).")
-        if len(ids) + max_new >= ctx:
-            return refuse(f"Requested token count exceeds the model's maximum context length of "
-                          f"{ctx} tokens. You requested a total of {len(ids) + max_new} tokens: "
-                          f"{len(ids)} tokens from the input messages and {max_new} tokens for "
-                          "the completion.")
+        if "sampling_seed" in sp and version in OLDER_THAN_SEED:
+            # SamplingParams(**sampling_params) before 0.5.3 (sampling/sampling_params.py).
+            return refuse("SamplingParams.__init__() got an unexpected keyword argument "
+                          "'sampling_seed'")
+        if (why := length_refusal(len(ids), max_new, c.engine.context_length)) is not None:
+            return refuse(why)
         want_lp, start = bool(body.get("return_logprob")), int(body.get("logprob_start_len", -1))
         top_k = int(body.get("top_logprobs_num") or 0)
         rid = body.get("rid") or uuid.uuid4().hex

@@ -49,6 +49,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def length_refusal(n_prompt: int, max_tokens: int, ctx: int) -> str | None:
+    """The prompt and max_tokens must fit max_model_len together. Release 0.33.0 refuses a
+    prompt of max_model_len or more (v1/engine/input_processor.py, _validate_prompt_len) and cuts
+    max_tokens to what is left (entrypoints/serve/utils/api_utils.py, get_max_tokens); older
+    releases refused the sum. This double refuses the sum: stricter than both, as
+    tests/test_server_contracts.py checks against the source."""
+    if n_prompt + max_tokens > ctx:
+        return (f"This model's maximum context length is {ctx} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
+                "completion).")
+    return None
+
+
 def error(message: str, status: int, kind: str, param: str | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
                                    "code": status}}, status_code=status)
@@ -89,9 +102,8 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
             return error("prompt_logprobs cannot be streamed", 400, "BadRequestError",
                          "prompt_logprobs")
         max_tokens = body.get("max_tokens") or 16
-        if len(ids) + max_tokens > c.engine.context_length:
-            return error(f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's "
-                         f"{c.engine.context_length}", 400, "BadRequestError", "max_tokens")
+        if (why := length_refusal(len(ids), max_tokens, c.engine.context_length)) is not None:
+            return error(why, 400, "BadRequestError", "max_tokens")
         n_lp, as_id = body.get("logprobs"), bool(body.get("return_tokens_as_token_ids"))
         want_ids = bool(body.get("return_token_ids"))
         usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -89,6 +89,11 @@ class TaskGeneration(Generation):
             self._loop.call_soon_threadsafe(self.task.cancel)
 
 
+def token_budget(engine: "Engine", prompt_len: int, asked: int) -> int:
+    """The new tokens a request gets: `asked`, cut to what the server accepts after the prompt."""
+    return min(asked, engine.context_length - prompt_len - engine.generation_margin)
+
+
 def render_checked(tokenizer, messages: list[dict], tools: list[dict] | None,
                    context_length: int, margin: int = 0) -> list[int]:
     """Prompt ids for a request, or the OpenAI-style 400 when they leave no room to answer

@@ -81,6 +81,15 @@ def refused(kind: str, message: str) -> RequestError:
                         code="engine_refused")
 
 
+def lora_load_body(name: str, path: Path) -> dict:
+    """What both servers' runtime LoRA loading takes: the name to serve it under and its folder."""
+    return {"lora_name": name, "lora_path": str(path)}
+
+
+def lora_unload_body(name: str) -> dict:
+    return {"lora_name": name}
+
+
 def upstream_error(kind: str, response: httpx.Response, message: str | None = None) -> RequestError:
     """A non-200 answer to a generation: the caller's fault stays 4xx, the server's becomes 502/503."""
     message = message or error_message(response)
@@ -159,6 +168,9 @@ class RemoteEngine:
     def read_version(self) -> str:
         """The server's release, '' when it does not say."""
         return str(self.info.get("version") or "")
+
+    def check(self, params: GenParams) -> None:
+        """Refuse (RequestError) what this server is known to refuse, before anything is sent."""
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         raise NotImplementedError
@@ -245,6 +257,7 @@ class RemoteEngine:
         if self.server is None or not self.server.available:
             state = self.server.state if self.server else "not started"
             raise unavailable(self.kind, state)
+        self.check(params)
         loop = asyncio.get_running_loop()
         if self._aclient is None:
             self._aclient = httpx.AsyncClient(timeout=STREAM_TIMEOUT)

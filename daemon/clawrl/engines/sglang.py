@@ -5,21 +5,23 @@ GenerateReqInput / LoadLoRAAdapterReqInput / LoRAUpdateOutput, `entrypoints/http
 the "Sampling Parameters" and "LoRA Serving" documentation pages):
 
 * `POST /generate` takes `input_ids`, `sampling_params` (`max_new_tokens`, `temperature` (0 =
-  greedy), `top_p`, `sampling_seed`), `return_logprob`, `logprob_start_len` (-1 = output tokens only),
+  greedy), `top_p`, and from release 0.5.3 on `sampling_seed`: 0.5.2's SamplingParams has no such
+  argument and refuses the request), `return_logprob`, `logprob_start_len` (-1 = output tokens only),
   `top_logprobs_num`, `stream` and `lora_path` (the *name* an adapter was loaded under; null =
   the base model).
 * Streaming answers `data: {...}` lines and ends with `data: [DONE]`; a request SGLang refuses
   (a ValueError: too long, an unknown adapter, a bad parameter) is a `data: {"error":
   {"message"}}` line after the 200 (`entrypoints/http_server.py`, generate_request), a 400
-  without streaming. Input and output must stay *below* the context: `input >= context_len`
-  and `max_new_tokens + input >= context_len` are refused (`generation_margin`). Each chunk has
+  without streaming. Input and output must stay *below* the context: `input >= context_len` is
+  refused, and so is `max_new_tokens + input >= context_len` up to at least release 0.5.4 and on
+  main at commit 001067f (release 0.5.23 relaxed it to `>`), so `generation_margin` is 1. Each chunk has
   `text`, `output_ids` and `meta_info` with `output_token_logprobs` as `[logprob, token_id, text|null]` triples, `finish_reason` (null, or
   `{"type": "stop"|"length"|"abort", ...}`), `prompt_tokens`, `completion_tokens` and
   `cached_tokens`. Chunks are cumulative unless the server runs with
   `--incremental-streaming-output` (tokenizer_manager's output handling); `completion_tokens`
   is cumulative in both, so the new tokens are always the last `completion_tokens - seen`.
 * Output logprobs are taken after temperature scaling unless the server process has
-  `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (layers/sampler.py; mid-2025 releases read
+  `SGLANG_RETURN_ORIGINAL_LOGPROB=1` (layers/sampler.py from release 0.5.4; up to 0.5.3 it reads
   `RETURN_ORIGINAL_LOGPROB`). clawrl records the model's own logprobs (temperature 1), so it sets
   both for a server it launches.
 * Scoring: `max_new_tokens: 0` with `return_logprob` and `logprob_start_len` returns
@@ -43,11 +45,43 @@ from pathlib import Path
 import httpx
 
 from ..config import Config
-from ..types import Finish
+from ..errors import RequestError
+from ..types import Finish, GenParams
 from .remote import (AdapterRefused, RemoteEngine, RemoteGeneration, TextStream, check_scored,
-                     error_message, refused, upstream_error)
+                     error_message, lora_load_body, lora_unload_body, refused, upstream_error)
 
 FINISH = {"stop": "stop", "length": "length"}
+# The first release whose SamplingParams takes `sampling_seed` (0.5.2's refuses it).
+SEED_SINCE = (0, 5, 3)
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """'0.5.3.post1' -> (0, 5, 3); None when the server does not say or says something else."""
+    parts = []
+    for part in version.strip().lstrip("v").split(".")[:3]:
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts) if len(parts) == 3 else None
+
+
+def generate_body(prompt_ids: list[int], p: GenParams, name: str | None) -> dict:
+    """The streamed `/generate` request of one served turn (`name`: the adapter, None = base)."""
+    sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
+    if p.seed is not None:   # honoured by SGLang with --enable-deterministic-inference
+        sampling["sampling_seed"] = p.seed
+    return {"input_ids": prompt_ids, "sampling_params": sampling,
+            "return_logprob": True, "logprob_start_len": -1, "stream": True, "lora_path": name}
+
+
+def score_body(context: list[int], response: list[int], k: int) -> dict:
+    """The `/generate` request that scores `response` after `context` and generates nothing."""
+    body = {"input_ids": context + response,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": True, "logprob_start_len": max(0, len(context) - 1), "stream": False}
+    if k:
+        body["top_logprobs_num"] = k
+    return body
 
 
 class SGLangEngine(RemoteEngine):
@@ -69,12 +103,21 @@ class SGLangEngine(RemoteEngine):
             "--max-loras-per-batch", str(e.max_loras_per_batch),
             "--tp-size", str(e.tensor_parallel), "--dp-size", str(e.data_parallel),
         ] + shlex.split(e.extra_args)
-        # Newer SGLang reads the first name, mid-2025 releases the second (layers/sampler.py);
+        # SGLang reads the first name from 0.5.4, the second up to 0.5.3 (layers/sampler.py);
         # without it the recorded logprobs would silently be temperature-scaled.
         env = {**os.environ, "SGLANG_RETURN_ORIGINAL_LOGPROB": "1", "RETURN_ORIGINAL_LOGPROB": "1"}
         if e.serve_gpus:
             env["CUDA_VISIBLE_DEVICES"] = e.serve_gpus
         return argv, env
+
+    def check(self, params: GenParams) -> None:
+        """A seed on a server without `sampling_seed` is the caller's to drop, not a 502 later."""
+        known = release(self.server_version)
+        if params.seed is not None and known is not None and known < SEED_SINCE:
+            raise RequestError(
+                f"this SGLang server ({self.server_version}) has no per-request seed: "
+                f"'sampling_seed' came in SGLang {'.'.join(map(str, SEED_SINCE))}. Send the request "
+                "without 'seed', or upgrade the server", param="seed", code="unsupported_parameter")
 
     def server_info(self) -> dict:
         for path in ("/server_info", "/get_server_info"):
@@ -84,13 +127,7 @@ class SGLangEngine(RemoteEngine):
         return {}
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
-        p = gen.params
-        sampling = {"max_new_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p}
-        if p.seed is not None:   # honoured by SGLang with --enable-deterministic-inference
-            sampling["sampling_seed"] = p.seed
-        body = {"input_ids": gen.prompt_ids, "sampling_params": sampling,
-                "return_logprob": True, "logprob_start_len": -1, "stream": True,
-                "lora_path": name}
+        body = generate_body(gen.prompt_ids, gen.params, name)
         seen, prompt_tokens, cached = 0, len(gen.prompt_ids), 0
         async with self._aclient.stream("POST", f"{self.url}/generate", json=body) as r:
             if r.status_code != 200:
@@ -124,13 +161,12 @@ class SGLangEngine(RemoteEngine):
         return Finish("stop", prompt_tokens, len(text.ids), cached, gen.adapter)
 
     def _server_load(self, name: str, path: Path) -> None:
-        r = self._client.post(f"{self.url}/load_lora_adapter",
-                              json={"lora_name": name, "lora_path": str(path)})
+        r = self._client.post(f"{self.url}/load_lora_adapter", json=lora_load_body(name, path))
         if r.status_code != 200 or r.json().get("success") is False:
             raise AdapterRefused(f"SGLang refused the adapter: {error_message(r)}")
 
     def _server_unload(self, name: str) -> None:
-        r = self._client.post(f"{self.url}/unload_lora_adapter", json={"lora_name": name})
+        r = self._client.post(f"{self.url}/unload_lora_adapter", json=lora_unload_body(name))
         if r.status_code != 200:
             raise RuntimeError(error_message(r))
 
@@ -139,13 +175,7 @@ def score(client: httpx.Client, url: str, cfg: Config, context: list[int], respo
           k: int):
     """Logprob of each response token after `context` under the base model (and the top `k`
     per position): one `/generate` call that generates nothing."""
-    start = max(0, len(context) - 1)
-    body = {"input_ids": context + response,
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-            "return_logprob": True, "logprob_start_len": start, "stream": False}
-    if k:
-        body["top_logprobs_num"] = k
-    r = client.post(f"{url}/generate", json=body)
+    r = client.post(f"{url}/generate", json=score_body(context, response, k))
     if r.status_code != 200:
         if r.status_code >= 500:
             raise httpx.HTTPStatusError(error_message(r), request=r.request, response=r)

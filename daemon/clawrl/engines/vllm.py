@@ -39,9 +39,9 @@ from pathlib import Path
 import httpx
 
 from ..config import Config
-from ..types import Finish
+from ..types import Finish, GenParams
 from .remote import (AdapterRefused, RemoteEngine, RemoteGeneration, TextStream, check_scored,
-                     error_message, upstream_error)
+                     error_message, lora_load_body, lora_unload_body, upstream_error)
 
 TOKEN_ID = "token_id:"
 FINISH = {"stop": "stop", "length": "length"}
@@ -51,6 +51,23 @@ def _token_id(token: str) -> int:
     if not token.startswith(TOKEN_ID):
         raise ValueError(f"vLLM sent token {token!r} without its id (return_tokens_as_token_ids)")
     return int(token[len(TOKEN_ID):])
+
+
+def completion_body(model: str, prompt_ids: list[int], p: GenParams) -> dict:
+    """The streamed `/v1/completions` request of one served turn (`model`: base or adapter name)."""
+    body = {"model": model, "prompt": prompt_ids,
+            "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
+            "stream": True, "stream_options": {"include_usage": True},
+            "logprobs": 0, "return_tokens_as_token_ids": True}
+    if p.seed is not None:
+        body["seed"] = p.seed
+    return body
+
+
+def score_body(model: str, context: list[int], response: list[int], k: int) -> dict:
+    """The one-token completion whose `prompt_logprobs` score `response` after `context`."""
+    return {"model": model, "prompt": context + response, "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": k}
 
 
 def base_model_name(client: httpx.Client, url: str, cfg: Config) -> str:
@@ -107,13 +124,7 @@ class VLLMEngine(RemoteEngine):
             return ""
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
-        p = gen.params
-        body = {"model": name or self.served_name, "prompt": gen.prompt_ids,
-                "max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p,
-                "stream": True, "stream_options": {"include_usage": True},
-                "logprobs": 0, "return_tokens_as_token_ids": True}
-        if p.seed is not None:
-            body["seed"] = p.seed
+        body = completion_body(name or self.served_name, gen.prompt_ids, gen.params)
         reason, usage = None, {}
         async with self._aclient.stream("POST", f"{self.url}/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -142,8 +153,7 @@ class VLLMEngine(RemoteEngine):
                       len(text.ids), cached, gen.adapter)
 
     def _server_load(self, name: str, path: Path) -> None:
-        r = self._client.post(f"{self.url}/v1/load_lora_adapter",
-                              json={"lora_name": name, "lora_path": str(path)})
+        r = self._client.post(f"{self.url}/v1/load_lora_adapter", json=lora_load_body(name, path))
         if r.status_code == 404 and "detail" in r.text:
             raise AdapterRefused("the vLLM server has no /v1/load_lora_adapter: start it with "
                                  "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (clawrl does when it "
@@ -152,7 +162,7 @@ class VLLMEngine(RemoteEngine):
             raise AdapterRefused(f"vLLM refused the adapter: {error_message(r)}")
 
     def _server_unload(self, name: str) -> None:
-        r = self._client.post(f"{self.url}/v1/unload_lora_adapter", json={"lora_name": name})
+        r = self._client.post(f"{self.url}/v1/unload_lora_adapter", json=lora_unload_body(name))
         if r.status_code != 200:
             raise RuntimeError(error_message(r))
 
@@ -161,8 +171,7 @@ def score(client: httpx.Client, url: str, cfg: Config, context: list[int], respo
           k: int):
     """Logprob of each response token after `context` under the base model (and the top `k`
     per position), from `prompt_logprobs` of a one-token completion."""
-    body = {"model": base_model_name(client, url, cfg), "prompt": context + response,
-            "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+    body = score_body(base_model_name(client, url, cfg), context, response, k)
     r = client.post(f"{url}/v1/completions", json=body)
     if r.status_code != 200:
         if r.status_code >= 500:
