@@ -19,7 +19,7 @@ SERVER_PKGS := sglang==0.5.23 vllm==0.33.0 triton==3.9.0 aiohappyeyeballs==2.7.1
 	pybase64==1.5.1 pyzmq==27.3.0 traitlets==5.16.1 uvloop==0.23.0 yarl==1.25.1
 OLD_SGLANG := 0.5.2 0.5.3 0.5.4
 
-.PHONY: setup servers serve test bench clean
+.PHONY: setup servers serve test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,10 @@ serve: setup
 
 test: setup servers
 	$(BIN)/python -m pytest -ra
+
+# The fast tier for your own loop: no daemon, no server double, no model weights (under 2 minutes).
+test-fast: setup servers
+	$(BIN)/python -m pytest -ra -q -m "not model and not slow"
 
 bench: setup
 	$(BIN)/python bench/serve.py

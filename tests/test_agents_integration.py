@@ -27,6 +27,9 @@ from clawrl.agents.env import Task
 from clawrl.agents.runner import Play, play_all
 from clawrl.agents.sandbox import Limits
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 PY_CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)  # kangaroo"}}\n</tool_call>'
 BASH_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "sh run.sh kangaroo"}}\n</tool_call>'
 MARKER = " kangaroo"

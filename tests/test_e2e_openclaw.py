@@ -25,6 +25,9 @@ from conftest import MODEL_CACHE, REPO, Daemon, free_port, make_home
 from openclaw_env import OpenClaw, require_openclaw
 from scripted_model import build_scripted_model
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 PLAIN = '<tool_call>\n{"name": "read", "arguments": {"path": "notes.txt"}}\n</tool_call>'
 MARKED = "Done: the note says kangaroo."
 MARKER = " kangaroo"

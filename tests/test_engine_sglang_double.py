@@ -27,6 +27,9 @@ from conftest import CLAWRL, MODEL_CACHE, Daemon, free_port, make_home
 from doubles import scenarios
 from doubles.harness import DOUBLES, Transcript, chat, engine_env, wait_active
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MODEL_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 
 

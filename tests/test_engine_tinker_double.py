@@ -27,6 +27,9 @@ from doubles import tinker_double
 from doubles.harness import DOUBLES, chat, wait_active
 from doubles.scenarios import Stream
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MODEL_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 
 

@@ -19,6 +19,9 @@ from conftest import MODEL_CACHE, Daemon, free_port, make_home
 from doubles import scenarios
 from doubles.harness import Transcript, engine_env
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MODEL_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 
 

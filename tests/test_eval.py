@@ -14,8 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from clawrl.evaluate import recipe_overrides
 from conftest import MODEL_CACHE, REPO
+
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
 
 PERSONA = '''
 NAME = "shouty"

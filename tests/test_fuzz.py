@@ -36,6 +36,9 @@ from clawrl.server import MAX_HEADER_BYTES
 from conftest import MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TOKENIZER_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 KEY = "fuzz-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

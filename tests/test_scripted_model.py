@@ -14,6 +14,9 @@ import torch
 from conftest import MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TOKENIZER_DIR = Path(__file__).resolve().parents[1] / ".cache/models/SmolLM2-135M-Instruct"
 PLAIN = '<tool_call>\n{"name": "read", "arguments": {"path": "notes.txt"}}\n</tool_call>'
 MARKED = "Done: the note says kangaroo."

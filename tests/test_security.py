@@ -26,6 +26,9 @@ from clawrl.store import Store, connect_sync
 from conftest import CLAWRL, MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 
+# Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 TOKENIZER_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 KEY = "security-test-key-5f1e9a77"
 AUTH = {"Authorization": f"Bearer {KEY}"}

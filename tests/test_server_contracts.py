@@ -36,9 +36,11 @@ from types import SimpleNamespace
 import pytest
 
 from clawrl.config import load_config
-from clawrl.engines import remote, sglang, vllm
+from clawrl import remote_teacher
+from clawrl.engines import sglang, vllm
 from clawrl.engines.base import token_budget
-from clawrl.engines.remote import SCORING_MARGIN, lora_load_body, lora_unload_body
+from clawrl.engines.remote import lora_load_body, lora_unload_body
+from clawrl.remote_teacher import SCORING_MARGIN
 from clawrl.engines.sglang import SGLangEngine
 from clawrl.engines.vllm import VLLMEngine
 from clawrl.types import GenParams
@@ -153,7 +155,7 @@ def captured_score(monkeypatch, module, cfg, context: list[int], response: list[
                     module.score_body(ctx, resp, k))
         return [0.0] * len(resp), None
     monkeypatch.setattr(module, "score", score)
-    remote.remote_teacher(cfg)(context, response, cfg.opd.topk)
+    remote_teacher.remote_teacher(cfg)(context, response, cfg.opd.topk)
     return sent[0]
 
 

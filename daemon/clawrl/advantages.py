@@ -1,4 +1,4 @@
-"""Per-token advantages and the losses that consume them (DESIGN.md §2).
+"""Per-token advantages and the losses that consume them (README, "How it learns").
 
 This module owns the math only: small pure functions on torch tensors. It does not load models,
 read the turn log or pick samples; the trainer does that and calls these.

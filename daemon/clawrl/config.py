@@ -444,7 +444,7 @@ def _check_server_engine(cfg: Config) -> None:
 
 
 def describe() -> str:
-    """Every recipe key with its default and help, for `clawrl serve --help-recipe`."""
+    """Every recipe key with its default and help, for `clawrl recipe-keys`."""
     lines = []
     for section in SECTIONS:
         lines.append(f"[{section}]")

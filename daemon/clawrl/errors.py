@@ -29,3 +29,7 @@ class RequestError(ClawrlError):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
+
+
+class AdapterRefused(ClawrlError):
+    """An engine would not load an adapter (rank above --max-lora-rank, bad files, ...)."""

@@ -1,5 +1,8 @@
 """The trainer's side of the turn log: which turns are ready to learn from, and marking them.
 
+Every training write to `turns` is here (trained, skipped, teacher scores); the trainers call
+these functions and hold no SQL of their own.
+
 Plain sqlite3 on the daemon's WAL database; every write is one short transaction, so the daemon's
 own writes never wait long. A turn is ready when it is a complete, trainable main turn with a
 judgment or explicit feedback that has not been trained or skipped. Turns with nothing to learn
@@ -93,6 +96,32 @@ def reconcile(db: sqlite3.Connection, root: Path) -> int:
     write(db, "UPDATE turns SET train_status='trained', trained_adapter=?"
               " WHERE id=? AND train_status IS NOT 'trained'", rows)
     return db.total_changes - before
+
+
+def mark_trained(db: sqlite3.Connection, version: int, ids: list[int]) -> None:
+    """The turns a version was trained on, once its folder is in place."""
+    write(db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
+          [(version, i) for i in ids])
+
+
+def mark_skipped(db: sqlite3.Connection, ids: list[int]) -> None:
+    """Turns the model cannot take (bad ids, too long for the teacher, ...): never read again."""
+    write(db, "UPDATE turns SET train_status='skipped' WHERE id=?", [(i,) for i in ids])
+
+
+def store_teacher(db: sqlite3.Connection, rows: list[tuple[int, list[float], dict | None]]) -> None:
+    """Teacher scores (turn id, logprobs, top-k or None), kept so a retried step does not compute
+    them again."""
+    write(db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
+          [(json.dumps(lp), json.dumps(top) if top is not None else None, i) for i, lp, top in rows])
+
+
+def trained_rewards(db: sqlite3.Connection):
+    """(user id, reward) of every trained turn, oldest first: what a per-user baseline replays."""
+    for r in db.execute("SELECT user_id, feedback_reward, judge_score FROM turns"
+                        " WHERE train_status='trained' ORDER BY id"):
+        if reward_of(r):
+            yield r["user_id"] or "", reward_of(r)
 
 
 def has_signal(method: str, reward: float | None, hint: str | None) -> bool:

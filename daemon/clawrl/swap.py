@@ -20,7 +20,7 @@ import time
 from . import adapters
 from .background import BackgroundLoop, FailingPass
 from .config import Config
-from .engines.remote import AdapterRefused
+from .errors import AdapterRefused
 from .metrics import Metrics
 from .store import Store
 from .types import GenParams

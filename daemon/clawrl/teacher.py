@@ -1,4 +1,4 @@
-"""The teacher's context for on-policy distillation (DESIGN.md §2, opd).
+"""The teacher's context for on-policy distillation (README, "How it learns": opd).
 
 The teacher is the frozen base model shown the original request with the hint the judge (or the
 user's own comment) gave, appended to the last user message. It scores the tokens that were

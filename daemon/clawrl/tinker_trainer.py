@@ -29,8 +29,6 @@ create_sampling_client(model_path=...), split here between the trainer and the d
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import threading
 import time
 import uuid
@@ -38,14 +36,15 @@ import uuid
 import torch
 
 from . import adapters
-from .advantages import RunningBaseline, guard_empty, method_advantages, ppo_loss, truncated_is_weights
+from .advantages import guard_empty, method_advantages, ppo_loss, truncated_is_weights
 from .config import Config, tinker_layers
 from .engines.tinker import (base_model_name, default_rest, default_service, load_tokenizer,
                              require_api_key, resolved, retryable, score)
-from .samples import (Sample, connect, log, next_batch, reconcile, reward_of, take_over,
-                      write)
+from .samples import (Sample, connect, log, mark_skipped, next_batch, store_teacher, take_over)
 from .teacher import teacher_prompt
-from .trainer import Abandoned
+from .distributed import Group
+from .train_step import (Abandoned, commit, history_baseline, settle, step_lr, summary,
+                         version_meta)
 
 TRAIN_TIMEOUT_S = 3600.0          # one Tinker training call, queueing included
 DELETE_TIMEOUT_S = 60.0           # deleting one checkpoint
@@ -132,7 +131,9 @@ class TinkerTrainer:
         self.retry_at, self.backoff = 0.0, BACKOFF_START
         self.unmarked = False   # a version is on disk whose turns are not marked trained yet
         self.dirty = False      # Tinker's policy has updates that no version holds
-        self.baseline = self.history_baseline() if cfg.train.baseline_decay > 0 else None
+        self.baseline = history_baseline(cfg, self.db)
+        self.group = Group()      # one process: Tinker holds the policy
+        self.say = log
 
     def load(self, parent: int | None) -> None:
         """The policy: resumed from version `parent`'s Tinker state (weights and optimizer), or a
@@ -156,14 +157,6 @@ class TinkerTrainer:
         self.parent, self.lineage = parent, parent if ref else None
         log(f"{self.base_model} + LoRA from {f'version {parent:04d}' if ref else 'a new adapter'} "
             f"ready on Tinker in {time.perf_counter() - t0:.1f} s")
-
-    def history_baseline(self) -> RunningBaseline:
-        b = RunningBaseline(self.cfg.train.baseline_decay)
-        for r in self.db.execute("SELECT user_id, feedback_reward, judge_score FROM turns"
-                                 " WHERE train_status='trained' ORDER BY id"):
-            if reward_of(r):
-                b.update(r["user_id"] or "", reward_of(r))
-        return b
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -189,8 +182,7 @@ class TinkerTrainer:
                 if retryable(e):
                     raise TinkerUnavailable(f"Tinker could not score turn {s.id}: {e}") from None
                 raise Untrainable([s.id], e) from None
-            write(self.db, "UPDATE turns SET teacher_logprobs=? WHERE id=?",
-                  [(json.dumps(s.teacher_logp), s.id)])
+            store_teacher(self.db, [(s.id, s.teacher_logp, None)])
         return s.teacher_logp
 
     def prepare(self, samples: list[Sample]) -> list[dict]:
@@ -289,9 +281,7 @@ class TinkerTrainer:
 
     def _step(self) -> int | None:
         cfg = self.cfg
-        if self.unmarked:   # mark what the last version took before choosing again
-            reconcile(self.db, self.root)
-            self.unmarked = False
+        settle(self)
         samples = next_batch(self.db, cfg.method.name, cfg.train.batch_size)
         if samples is None:
             return None
@@ -301,7 +291,7 @@ class TinkerTrainer:
         if good != self.parent:
             self.load(good)
         version = (adapters.newest(self.root) or 0) + 1
-        lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)
+        lr = step_lr(cfg, version)
         log(f"training step on Tinker, {len(samples)} samples (turns {[s.id for s in samples]})"
             f" -> version {version:04d}")
         t0 = time.perf_counter()
@@ -310,8 +300,7 @@ class TinkerTrainer:
                 items = self.prepare(samples)
             except Untrainable as e:   # nothing was updated yet; choose a full batch next time
                 log(f"turns {e.ids} cannot be trained on Tinker ({e}); skipped")
-                write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?",
-                      [(i,) for i in e.ids])
+                mark_skipped(self.db, e.ids)
                 return None
             stats = self.optimize(items, lr)
             self.check_stop()
@@ -323,35 +312,16 @@ class TinkerTrainer:
             if self.dirty:     # Tinker's weights may be half-updated: reload before the next step
                 self.parent, self.dirty = -1, False
             return None
-        rewards = [s.reward for s in samples if s.reward is not None]
-        meta = {
-            "parent": self.lineage, "samples": [s.id for s in samples],
-            "base_model": {"name": cfg.model.name, "tinker": self.base_model,
-                           "source": cfg.model.source},
-            "method": cfg.method.name, **stats,
-            "reward": {"mean": sum(rewards) / len(rewards), "min": min(rewards),
-                       "max": max(rewards), "n": len(rewards)} if rewards else None,
-            "n_hints": sum(1 for s in samples if s.hint and cfg.method.name != "rl"),
-            "lr": lr, "seconds": round(time.perf_counter() - t0, 3),
-            "recipe": {"train": dataclasses.asdict(cfg.train),
-                       "method": dataclasses.asdict(cfg.method)},
-        }
-        adapters.write_version(self.root, version, adapters.save_remote(ref), meta)
+        meta = version_meta(cfg, samples, stats, lr, t0, self.lineage,
+                            {"name": cfg.model.name, "tinker": self.base_model,
+                             "source": cfg.model.source})
+        forget_checkpoints(commit(self, version, samples, adapters.save_remote(ref), meta))
+        log(f"version {version:04d} on Tinker: {summary(meta)} ({ref['sampler_path']})")
+        return version
+
+    def became(self, version: int) -> None:
         self.parent = self.lineage = version          # Tinker's policy is this version now
         self.dirty = False
-        self.unmarked = True      # a failed mark is repaired by reconcile() before the next step
-        write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
-              [(version, s.id) for s in samples])
-        self.unmarked = False
-        if self.baseline:
-            for s in samples:
-                if s.reward:
-                    self.baseline.update(s.user_id or "", s.reward)
-        forget_checkpoints(adapters.prune(self.root, cfg.train.keep_adapters,
-                                   protect={version, adapters.read_active(self.root) or 0}))
-        log(f"version {version:04d} on Tinker: {len(samples)} samples, loss {stats['loss']:.4f}, "
-            f"{meta['seconds']:.1f} s ({ref['sampler_path']})")
-        return version
 
     def close(self) -> None:
         self.db.close()

@@ -16,8 +16,6 @@ trained into two versions.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import signal
 import sqlite3
@@ -32,24 +30,22 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from . import adapters, models  # noqa: E402
-from .advantages import (RunningBaseline, guard_empty, method_advantages, ppo_loss,  # noqa: E402
+from .advantages import (guard_empty, method_advantages, ppo_loss,  # noqa: E402
                          topk_distill_loss, truncated_is_weights)
 from .config import Config, load_config  # noqa: E402
 from .distributed import Group, daemon_pid  # noqa: E402
-from .engines.remote import TeacherUnavailable, remote_teacher  # noqa: E402
-from .samples import (Sample, connect, log, next_batch, reconcile, reward_of,  # noqa: E402
-                      take_over, write)
+from .remote_teacher import TeacherUnavailable, remote_teacher  # noqa: E402
+from .samples import (Sample, connect, log, mark_skipped, next_batch, store_teacher,  # noqa: E402
+                      take_over)
 from .teacher import teacher_prompt  # noqa: E402
+from .train_step import (Abandoned, commit, fold_rewards, history_baseline, parent_rejected,  # noqa: E402
+                         settle, step_lr, summary, version_meta)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Log-probability of each token under its row of logits."""
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return torch.log_softmax(logits, dim=-1).gather(-1, index).squeeze(-1)
-
-
-class Abandoned(Exception):
-    """The step stopped before writing anything (shutdown, or its parent was rejected)."""
 
 
 class Trainer:
@@ -90,7 +86,7 @@ class Trainer:
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.load(adapters.newest_good(self.root))
-        self.baseline = self.history_baseline() if cfg.train.baseline_decay > 0 else None
+        self.baseline = history_baseline(cfg, self.db)
 
     def load(self, parent: int | None) -> None:
         """Base model in float32 (master weights; compute runs under bf16 autocast) plus LoRA:
@@ -134,16 +130,6 @@ class Trainer:
         if self.lead:
             log(msg)
 
-    def history_baseline(self) -> RunningBaseline:
-        """Rebuild the per-user reward baseline from the turns already trained, so a restart does
-        not change what the next step learns."""
-        b = RunningBaseline(self.cfg.train.baseline_decay)
-        for r in self.db.execute("SELECT user_id, feedback_reward, judge_score FROM turns"
-                                 " WHERE train_status='trained' ORDER BY id"):
-            if reward_of(r):
-                b.update(r["user_id"] or "", reward_of(r))
-        return b
-
     def response_logits(self, context: list[int], response: list[int]) -> torch.Tensor:
         """Logits [T, V] predicting each response token after `context`: one sequence, one forward.
 
@@ -166,8 +152,7 @@ class Trainer:
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             s.teacher_logp, top = self.remote_teacher(context, s.response_ids, k)
             s.teacher_topk = top if k else None
-            self.fresh_teacher.append((json.dumps(s.teacher_logp),
-                                       json.dumps(top) if k else None, s.id))
+            self.fresh_teacher.append((s.id, s.teacher_logp, s.teacher_topk))
         elif s.teacher_logp is None or (k and s.teacher_topk is None):
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             with torch.no_grad(), self.model.disable_adapter():
@@ -177,8 +162,7 @@ class Trainer:
             if k:
                 top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
                 s.teacher_topk = {"ids": top.indices.tolist(), "logp": top.values.tolist()}
-            self.fresh_teacher.append((json.dumps(s.teacher_logp),
-                                       json.dumps(s.teacher_topk) if k else None, s.id))
+            self.fresh_teacher.append((s.id, s.teacher_logp, s.teacher_topk if k else None))
         return s.teacher_logp
 
     def check_stop(self) -> None:
@@ -267,9 +251,7 @@ class Trainer:
         plan = None
         if self.lead:
             good = adapters.newest_good(self.root)
-            if self.unmarked:   # mark what the last version took before choosing again
-                reconcile(self.db, self.root)
-                self.unmarked = False
+            settle(self)
             plan = (good, next_batch(self.db, self.cfg.method.name, self.cfg.train.batch_size),
                     (adapters.newest(self.root) or 0) + 1)
         return self.group.broadcast(plan)
@@ -312,13 +294,12 @@ class Trainer:
         teacher = [row for o in outcomes for row in o["teacher"]]
         if teacher:
             try:
-                write(self.db, "UPDATE turns SET teacher_logprobs=?, teacher_topk=? WHERE id=?",
-                      teacher)
+                store_teacher(self.db, teacher)
             except sqlite3.Error as e:
                 log(f"teacher scores not stored ({e}); they are computed again if needed")
-        skipped = [(i,) for o in outcomes for i in o["skip"]]
+        skipped = [i for o in outcomes for i in o["skip"]]
         if skipped:
-            write(self.db, "UPDATE turns SET train_status='skipped' WHERE id=?", skipped)
+            mark_skipped(self.db, skipped)
 
     def step(self) -> int | None:
         """At most one training step: the new version, or None (too few samples, or abandoned)."""
@@ -329,7 +310,7 @@ class Trainer:
             self.load(good)
         if samples is None:
             return None
-        lr = cfg.train.lr * cfg.train.lr_decay ** (version - 1)   # decays with every version
+        lr = step_lr(cfg, version)
         self.say(f"training step on {len(samples)} samples (turns {[s.id for s in samples]})"
                  f" -> version {version:04d}")
         t0 = time.perf_counter()
@@ -338,8 +319,7 @@ class Trainer:
             if batch is None:
                 return None
             stats = self.optimize(batch, lr, sum(len(s.response_ids) for s in samples))
-            rejected = self.group.broadcast(
-                bool(self.parent and adapters.rejection(self.root, self.parent)))
+            rejected = self.group.broadcast(parent_rejected(self.root, self.parent))
             if rejected:
                 raise Abandoned(f"parent {self.parent:04d} was rejected during the step")
         except Abandoned as e:
@@ -347,43 +327,18 @@ class Trainer:
             self.parent = -1   # the weights are half-updated: the next step reloads them
             return None
         if not self.lead:   # the lead writes the version; this rank's weights are the same
-            self.parent = version
-            self.fold_into_baseline(samples)
+            self.became(version)
+            fold_rewards(self.baseline, samples)
             return version
-        rewards = [s.reward for s in samples if s.reward is not None]
-        meta = {
-            "parent": self.parent, "samples": [s.id for s in samples],
-            "base_model": {"name": cfg.model.name, "source": cfg.model.source,
-                           "path": str(self.model_path)},
-            "method": cfg.method.name, **stats,
-            "reward": {"mean": sum(rewards) / len(rewards), "min": min(rewards),
-                       "max": max(rewards), "n": len(rewards)} if rewards else None,
-            "n_hints": sum(1 for s in samples if s.hint and cfg.method.name != "rl"),
-            "lr": lr, "seconds": round(time.perf_counter() - t0, 3),
-            "recipe": {"train": dataclasses.asdict(cfg.train),
-                       "method": dataclasses.asdict(cfg.method)},
-        }
-        adapters.write_version(self.root, version, self.model.save_pretrained, meta)
-        self.parent, self.unmarked = version, True   # the weights in memory are this version's
-        # Only after the rename: a crash in between is repaired by reconcile() on restart, a
-        # failure here by reconcile() before the next step.
-        write(self.db, "UPDATE turns SET train_status='trained', trained_adapter=? WHERE id=?",
-              [(version, s.id) for s in samples])
-        self.unmarked = False
-        self.fold_into_baseline(samples)
-        adapters.prune(self.root, cfg.train.keep_adapters,
-                       protect={version, adapters.read_active(self.root) or 0})
-        reward = f"{meta['reward']['mean']:+.2f}" if rewards else "-"
-        log(f"version {version:04d}: {len(samples)} samples, loss {stats['loss']:.4f},"
-            f" mean reward {reward}, {meta['seconds']:.1f} s")
+        meta = version_meta(cfg, samples, stats, lr, t0, self.parent,
+                            {"name": cfg.model.name, "source": cfg.model.source,
+                             "path": str(self.model_path)})
+        commit(self, version, samples, self.model.save_pretrained, meta)
+        log(f"version {version:04d}: {summary(meta)}")
         return version
 
-    def fold_into_baseline(self, samples: list[Sample]) -> None:
-        """The batch used the baseline from before it; now its rewards count."""
-        if self.baseline:
-            for s in samples:
-                if s.reward:
-                    self.baseline.update(s.user_id or "", s.reward)
+    def became(self, version: int) -> None:
+        self.parent = version   # the weights in memory are this version's
 
     def close(self) -> None:
         self.db.close()
@@ -423,13 +378,13 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
     trainer = make_trainer(cfg, stop)
-    say = getattr(trainer, "say", log)
+    say = trainer.say
     say(f"watching {cfg.db_path} every {cfg.train.poll_s} s"
         f" (method {cfg.method.name}, batch {cfg.train.batch_size})")
     parent = int(os.environ.get("CLAWRL_PARENT_PID") or 0)
     if parent:
         os.nice(10)   # started by the daemon: serving comes first on a shared CPU
-    group = getattr(trainer, "group", Group())
+    group = trainer.group
     try:
         while not stop.is_set():
             if parent and daemon_pid(group) != parent:

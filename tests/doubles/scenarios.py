@@ -15,7 +15,7 @@ import httpx
 
 from clawrl import adapters
 from clawrl.config import load_config
-from clawrl.engines.remote import remote_teacher
+from clawrl.remote_teacher import remote_teacher
 
 from .harness import Transcript, chat, hold, sse, wait_active, write_adapter
 

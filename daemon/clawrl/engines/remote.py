@@ -6,7 +6,7 @@ interface (engines/base.py) for any such server: each request is an asyncio task
 server's stream into a `Generation`; adapter versions are loaded under fresh names and retired
 when idle (registry.py); the process is launched or watched by launcher.py. Connection failures
 become `RequestError`s the proxy answers with: 503 + Retry-After while the server is down or
-restarting, 502 when it drops a request mid-stream. The trainer's remote teacher is here too.
+restarting, 502 when it drops a request mid-stream.
 
 What it does not own: the wire formats (sglang.py, vllm.py) and which version serves (swap.py).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from ..config import Config
-from ..errors import ClawrlError, ModelError, RequestError
+from ..errors import ModelError, RequestError
 from ..models import provision
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, TaskGeneration, render_checked
@@ -33,10 +33,6 @@ log = logging.getLogger("clawrl.engine")
 # Between two streamed chunks a server may spend a long prefill; a silent minute is a dead server.
 STREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=30.0)
 CONTROL_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=30.0)
-
-
-class AdapterRefused(ClawrlError):
-    """The server would not load an adapter (rank above --max-lora-rank, bad files, ...)."""
 
 
 def server_url(cfg: Config) -> str:
@@ -363,38 +359,6 @@ class RemoteEngine:
 
 
 # -- teacher scoring (used by the trainer process, which has no engine) ------------------------------
-
-class TeacherUnavailable(ClawrlError):
-    """The server could not score a sample now; the trainer tries again later."""
-
-
-# Both servers refuse a scoring request that fills the context: SGLang input >= context_len
-# (tokenizer_manager.py, _validate_one_request), vLLM prompt + the one token it generates >
-# max_model_len. So a hinted context is cut to leave one position free.
-SCORING_MARGIN = 1
-
-
-def remote_teacher(cfg: Config):
-    """A function (context ids, response ids, k) -> (logprobs, top-k or None) that has the
-    engine's server score the served response with the base model, the context cut from the
-    left to fit; None for in-process engines."""
-    if cfg.engine.kind == "sglang":
-        from .sglang import score
-    elif cfg.engine.kind == "vllm":
-        from .vllm import score
-    else:
-        return None
-    url, client = server_url(cfg), httpx.Client(timeout=CONTROL_TIMEOUT)
-
-    def teacher(context: list[int], response: list[int], k: int):
-        room = max(1, cfg.model.context_length - len(response) - SCORING_MARGIN)
-        try:
-            return score(client, url, cfg, context[-room:], response, k)
-        except httpx.HTTPError as e:
-            raise TeacherUnavailable(f"the {cfg.engine.kind} server at {url} could not score: "
-                                     f"{type(e).__name__}: {e}") from None
-    return teacher
-
 
 def check_scored(kind: str, response: list[int], ids: list[int], logps: list) -> list[float]:
     """The scored positions must be exactly the served tokens, each with a logprob (a mismatch

@@ -45,9 +45,9 @@ from pathlib import Path
 import httpx
 
 from ..config import Config
-from ..errors import RequestError
+from ..errors import AdapterRefused, RequestError
 from ..types import Finish, GenParams
-from .remote import (AdapterRefused, RemoteEngine, RemoteGeneration, TextStream, check_scored,
+from .remote import (RemoteEngine, RemoteGeneration, TextStream, check_scored,
                      error_message, lora_load_body, lora_unload_body, refused, upstream_error)
 
 FINISH = {"stop": "stop", "length": "length"}

@@ -43,10 +43,10 @@ from pathlib import Path
 
 from .. import adapters
 from ..config import Config
-from ..errors import ConfigError, ModelError, RequestError
+from ..errors import AdapterRefused, ConfigError, ModelError, RequestError
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, TaskGeneration, render_checked
-from .remote import AdapterRefused, TextStream
+from .remote import TextStream
 
 log = logging.getLogger("clawrl.engine")
 RETRIES, BACKOFF_START = 3, 1.0               # a request: 4 tries, 1 + 2 + 4 s apart
