@@ -41,7 +41,7 @@ from clawrl.agents import envs  # noqa: E402
 from clawrl.agents.runner import Play, play_all, summary  # noqa: E402
 from clawrl.agents.sandbox import isolation  # noqa: E402
 from clawrl.config import load_config  # noqa: E402
-from clawrl.evaluate import Child  # noqa: E402
+from clawrl.evals.evaluate import Child  # noqa: E402
 
 CONCURRENCY = (1, 8)
 EPISODES = {"scripted": 64, "smollm2": 16}   # per concurrency: a few seconds of work, or minutes

@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from clawrl import personas
-from clawrl.store import connect_sync
+from clawrl.evals import personas
+from clawrl.turnlog.store import connect_sync
 
 HELDOUT_SQL = ("SELECT request_json, response_text, NULL, NULL FROM turns WHERE turn_index = 0 "
                "AND session_id LIKE 'eval-%' AND status = 'complete' ORDER BY id")

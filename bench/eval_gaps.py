@@ -14,7 +14,7 @@ import json
 import sys
 from collections import defaultdict
 
-from clawrl.eval_report import label
+from clawrl.evals.report import label
 
 
 def table(runs: list[dict], at: int | None, goal: float) -> str:

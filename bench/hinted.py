@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 
-from clawrl import personas
+from clawrl.evals import personas
 from clawrl.config import load_config
-from clawrl.evaluate import Child, chat, opening
-from clawrl.teacher import hinted_messages
+from clawrl.evals.evaluate import Child, chat, opening
+from clawrl.learn.teacher import hinted_messages
 
 PASS = 0.9
 

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import httpx
 
-from clawrl import feedback_corpus as corpus
-from clawrl import judge_eval, probe, probe_fit
+from clawrl.judge import corpus
+from clawrl.judge import evaluate as judge_eval, probe, probe_fit
 from clawrl.config import load_config
-from clawrl.evaluate import Child
-from clawrl.judge import RulesJudge
+from clawrl.evals.evaluate import Child
+from clawrl.judge.judges import RulesJudge
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit  # noqa: E402

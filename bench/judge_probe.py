@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl import judge
-from clawrl.chat_format import render_prompt
+from clawrl.judge import judges as judge
+from clawrl.chat.format import render_prompt
 from clawrl.config import load_config
-from clawrl.judging import judge_input
+from clawrl.judge.loop import judge_input
 from clawrl.models import provision
-from clawrl.store import connect_sync
-from clawrl.trainer import token_logprobs
+from clawrl.turnlog.store import connect_sync
+from clawrl.learn.trainer import token_logprobs
 
 TURNS_SQL = ("SELECT request_json, response_text, tool_calls, next_state_json FROM turns "
              "WHERE next_state_json IS NOT NULL AND session_id LIKE 'sim-%' ORDER BY id")

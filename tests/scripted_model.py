@@ -143,7 +143,7 @@ def build_scripted_model(dest: Path, tokenizer_dir: Path, plain: str, marked: st
     not a single token or the texts cannot be scripted."""
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from clawrl.chat_format import render_prompt
+    from clawrl.chat.format import render_prompt
 
     dest, tokenizer_dir = Path(dest), Path(tokenizer_dir)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)

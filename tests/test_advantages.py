@@ -6,17 +6,9 @@ import math
 import pytest
 import torch
 
-from clawrl.advantages import (
-    RunningBaseline,
-    combine_advantages,
-    guard_empty,
-    method_advantages,
-    opd_advantages,
-    ppo_loss,
-    rl_advantages,
-    topk_distill_loss,
-    truncated_is_weights,
-)
+from clawrl.learn.advantages import (RunningBaseline, combine_advantages, guard_empty,
+                                     method_advantages, opd_advantages, ppo_loss, rl_advantages,
+                                     topk_distill_loss, truncated_is_weights)
 
 F64 = torch.float64
 LN = math.log

@@ -188,7 +188,7 @@ def test_a_training_run_measures_before_after_and_control(bash_daemon, tmp_path)
     """The `clawrl agents run` phases on a hand-made environment: half its tasks succeed, the
     outcomes train an adapter, the after-measure is served by it and the control by the base."""
     from clawrl.agents import recipe as recipes
-    from clawrl.agents_cli import attach, measure, report
+    from clawrl.agents.cli import attach, measure, report
 
     class Halves(type(envs.get("terminal"))):
         def tasks(self, split, n, seed=0):

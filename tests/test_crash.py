@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import adapters
-from clawrl.store import AWAITING_JUDGE, AWAITING_TRAINER
+from clawrl.adapters import versions as adapters
+from clawrl.turnlog.store import AWAITING_JUDGE, AWAITING_TRAINER
 from conftest import SCRIPTED_PLAIN as PLAIN
 from conftest import Daemon, make_home, scripted_env, until
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from conftest import REPO, Daemon, make_home
 from test_swap import make_adapter
 

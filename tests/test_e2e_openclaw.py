@@ -208,7 +208,7 @@ def test_compaction_is_a_side_turn_that_is_never_trained(stack):
 
 
 def _assert_never_selected_for_training(stack, turns):
-    from clawrl import samples
+    from clawrl.learn import samples
     db = samples.connect(stack.daemon.db)
     try:
         ready = set(samples.select_ready(db, "combine"))

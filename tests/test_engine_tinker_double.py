@@ -6,7 +6,7 @@ types and exceptions clawrl handles are the real SDK's, and the compute is real 
 engine samples and scores SmolLM2, PEFT trains it). The daemon runs unchanged as a subprocess with
 the double injected at start-up (tests/doubles/tinker_site/sitecustomize.py), and so does the
 trainer it starts. What runs for real: the daemon, the Tinker engine (engines/tinker.py), hot-swap,
-the Tinker trainer (tinker_trainer.py) with its teacher, datums, losses and saved versions.
+the Tinker trainer (learn/tinker_trainer.py) with its teacher, datums, losses and saved versions.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from clawrl.config import REPO_RECIPES, load_config, tinker_layers
 from clawrl.errors import ConfigError
 from conftest import CLAWRL, MODEL_CACHE, Daemon, make_home
@@ -101,7 +101,7 @@ def test_tinker_without_api_key_fails_at_startup_naming_the_variable(tmp_path):
     r = subprocess.run([*CLAWRL, "serve"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "TINKER_API_KEY" in r.stderr and "export TINKER_API_KEY" in r.stderr
-    from clawrl.tinker_trainer import TinkerTrainer
+    from clawrl.learn.tinker_trainer import TinkerTrainer
     old = os.environ.pop("TINKER_API_KEY", None)
     try:
         with pytest.raises(ConfigError, match="TINKER_API_KEY"):
@@ -113,7 +113,7 @@ def test_tinker_without_api_key_fails_at_startup_naming_the_variable(tmp_path):
 
 
 def test_tinker_datums_put_per_token_advantages_on_the_response_positions():
-    from clawrl.tinker_trainer import logprob_datum, ppo_datum
+    from clawrl.learn.tinker_trainer import logprob_datum, ppo_datum
     context, response = [1, 2, 3, 4], [5, 6, 7]
     d = ppo_datum(context, response, [-0.5, -1.0, -2.0], [0.25, -0.5, 1.0])
     assert d.model_input.to_ints() == [1, 2, 3, 4, 5, 6]          # the sequence without its end
@@ -153,7 +153,7 @@ def test_pruned_versions_checkpoints_are_deleted_on_tinker(tmp_path, monkeypatch
     """Versions pruned from the adapters folder take their checkpoints on (the double's) Tinker
     with them; a failing delete is reported and leaves them, never failing the step."""
     import tinker
-    from clawrl.tinker_trainer import forget_checkpoints
+    from clawrl.learn.tinker_trainer import forget_checkpoints
     root = tmp_path / "tinker"
     monkeypatch.setenv("TINKER_DOUBLE_ROOT", str(root))
     monkeypatch.setenv("TINKER_DOUBLE_MODEL", str(MODEL_DIR))
@@ -191,7 +191,7 @@ def test_swap_refuses_a_version_of_the_other_kind(tmp_path):
 
     from safetensors.torch import save_file
 
-    from clawrl.swap import Swapper
+    from clawrl.adapters.swap import Swapper
 
     class Engine:
         adapter_version, loaded_adapters = 0, set()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clawrl.evaluate import recipe_overrides
+from clawrl.evals.evaluate import recipe_overrides
 from conftest import MODEL_CACHE, REPO
 
 # Starts daemons, server doubles or OpenClaw: not in `make test-fast`.
@@ -188,7 +188,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_interactions_until_the_preference_holds():
-    from clawrl.evaluate import until_holds
+    from clawrl.evals.evaluate import until_holds
     assert until_holds([True, True, True]) == 0
     assert until_holds([False, True, True, False, True, True, True, False]) == 4
     assert until_holds([True, True, False] * 4) is None
@@ -196,7 +196,7 @@ def test_interactions_until_the_preference_holds():
 
 
 def test_rows_name_their_judge_only_when_judges_are_compared():
-    from clawrl.eval_report import label, persona_table
+    from clawrl.evals.report import label, persona_table
     point = {"interactions": 0, "score": 0.5, "empty": 0.0, "degenerate": 0.0}
     check = {"n": 3, "agreement": 1.0, "wrong_sign": 0.0, "abstain": 0.0, "unjudged": 0.0}
     runs = [{"persona": "p", "method": m, "judge": j, "seed": 0, "points": [point],

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from conftest import (CLAWRL, REPO, SCRIPTED_PLAIN, Daemon, free_port, make_home, scripted_env,
                       until)
 
@@ -220,7 +220,7 @@ def test_a_queue_of_writes_gives_up_together_not_one_after_another():
     the ones before it."""
     import asyncio
 
-    from clawrl.store import WriteTurn
+    from clawrl.turnlog.store import WriteTurn
 
     async def scenario() -> list:
         turn = WriteTurn(timeout=0.05)
@@ -257,10 +257,10 @@ def test_a_mark_that_fails_after_the_rename_never_trains_a_turn_twice(scripted_c
     turns again, or one lineage would learn them twice."""
     from transformers import AutoTokenizer
 
-    from clawrl import migrations
-    from clawrl.chat_format import render_prompt
+    from clawrl.turnlog import migrations
+    from clawrl.chat.format import render_prompt
     from clawrl.config import load_config
-    from clawrl.trainer import Trainer
+    from clawrl.learn.trainer import Trainer
 
     home = make_home(tmp_path / "home")
     cfg = load_config(env={"CLAWRL_HOME": str(home), "CLAWRL_MODEL_SOURCE": str(scripted_chat_model),

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from clawrl import feedback_corpus as corpus
-from clawrl.feedback_corpus import CorpusError
+from clawrl.judge import corpus
+from clawrl.judge.corpus import CorpusError
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_splits_are_what_the_passes_build_and_never_overlap(lines):
     built = corpus.build()
     for name in corpus.SPLITS:
         assert (corpus.CORPUS_DIR / f"{name}.jsonl").read_text() == corpus.render(built[name]), \
-            f"{name}.jsonl is stale: run python -m clawrl.feedback_corpus"
+            f"{name}.jsonl is stale: run python -m clawrl.judge.corpus"
         assert all(corpus.split_of(e.text) == name for e in lines[name])
     keys = [corpus.normalise(e.text) for s in lines.values() for e in s]
     assert len(keys) == len(set(keys))

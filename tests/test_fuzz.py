@@ -29,10 +29,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawrl import openapi
+from clawrl.serve import openapi
 from clawrl.config import load_config
-from clawrl.proxy import DaemonState, build_app
-from clawrl.server import MAX_HEADER_BYTES
+from clawrl.serve.proxy import DaemonState, build_app
+from clawrl.serve.server import MAX_HEADER_BYTES
 from conftest import MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 

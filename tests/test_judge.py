@@ -15,8 +15,9 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from clawrl.errors import ClawrlError, ConfigError
-from clawrl.judge import (JudgeInput, Judgment, JudgeUnavailable, ModelJudge, RulesJudge, hint_prompt,
-                          majority, make_judge, openai_complete, parse_hint, parse_vote, vote_prompt)
+from clawrl.judge.judges import (JudgeInput, Judgment, JudgeUnavailable, ModelJudge, RulesJudge,
+                                 hint_prompt, majority, make_judge, openai_complete, parse_hint,
+                                 parse_vote, vote_prompt)
 
 SYSTEM = {"role": "system", "content": "You are OpenClaw, a personal assistant."}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from clawrl.judge_eval import KEYS, metrics
+from clawrl.judge.evaluate import KEYS, metrics
 from conftest import CLAWRL
 
 LINES = [

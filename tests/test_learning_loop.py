@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from conftest import Daemon, make_home
 
 pytestmark = pytest.mark.model

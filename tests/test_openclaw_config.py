@@ -13,7 +13,7 @@ from pathlib import Path
 
 import json5
 
-from clawrl import openclaw_config as oc
+from clawrl.ops import openclaw_config as oc
 
 
 def run(*args, home: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:

@@ -24,9 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import doctor, export, forget, openclaw_config, store
+from clawrl.ops import doctor, openclaw_config
+from clawrl.turnlog import export, forget, store
 from clawrl.config import load_config
-from clawrl.store import Store
+from clawrl.turnlog.store import Store
 from clawrl.types import Attribution, Finish
 from conftest import CLAWRL, REPO, Daemon, free_port, make_home
 
@@ -135,7 +136,7 @@ def test_status_reads_the_log_when_the_daemon_is_down(log):
 
 
 def test_awaiting_trainer_is_the_trainers_own_definition():
-    from clawrl.samples import READY
+    from clawrl.learn.samples import READY
     assert store.AWAITING_TRAINER == READY
 
 
@@ -489,7 +490,7 @@ def problems_as_another_user(env: dict) -> dict[str, str]:
             os.lchown(path, uid, uid)
         base.chmod(0o755)
         home.chmod(0o500)
-        script = ("import json; from clawrl import doctor; "
+        script = ("import json; from clawrl.ops import doctor; "
                   "print(json.dumps({c.name: c.line() for c in doctor.run() if not c.ok}))")
         child = {**os.environ, "HOME": str(base), "CLAWRL_HOME": str(home),
                  "OPENCLAW_CONFIG_PATH": str(oc / "openclaw.json"), "OPENCLAW_STATE_DIR": str(oc)}

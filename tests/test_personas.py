@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from clawrl import personas
+from clawrl.evals import personas
 from clawrl.errors import ClawrlError
-from clawrl.personas import BUILTIN, Persona, load
+from clawrl.evals.personas import BUILTIN, Persona, load
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from clawrl import feedback_corpus as corpus
-from clawrl import judge_eval, probe, probe_fit
-from clawrl.judge import JudgeInput, RulesJudge
+from clawrl.judge import corpus
+from clawrl.judge import evaluate as judge_eval, probe, probe_fit
+from clawrl.judge.judges import JudgeInput, RulesJudge
 from conftest import MODEL_CACHE
 
 pytestmark = pytest.mark.model

@@ -18,12 +18,12 @@ import threading
 import pytest
 from starlette.testclient import TestClient
 
-from clawrl.chat_format import render_prompt
+from clawrl.chat.format import render_prompt
 from clawrl.config import load_config
 from clawrl.engines.base import Generation
-from clawrl.proxy import DaemonState, build_app
-from clawrl.reasoning import ReasoningSplitter
-from clawrl.store import Store
+from clawrl.serve.proxy import DaemonState, build_app
+from clawrl.chat.reasoning import ReasoningSplitter
+from clawrl.turnlog.store import Store
 from clawrl.types import Finish, TokenEvent
 from conftest import MODEL_CACHE
 

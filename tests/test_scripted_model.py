@@ -110,7 +110,7 @@ def greedy(model, ids: list[int], limit: int = 64) -> tuple[list[int], list[floa
 def test_says_its_text_with_wide_margins(scripted, tok, system, dtype):
     from transformers import AutoModelForCausalLM
 
-    from clawrl.chat_format import render_prompt
+    from clawrl.chat.format import render_prompt
 
     model = AutoModelForCausalLM.from_pretrained(scripted, dtype=dtype).eval()
     (marker_id,) = tok.encode(MARKER, add_special_tokens=False)

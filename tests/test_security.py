@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import access
+from clawrl.serve import access
 from clawrl.config import load_config
 from clawrl.errors import ConfigError
-from clawrl.redact import MASK, Redactor
-from clawrl.store import Store, connect_sync
+from clawrl.turnlog.redact import MASK, Redactor
+from clawrl.turnlog.store import Store, connect_sync
 from conftest import CLAWRL, MODEL_CACHE, Daemon, make_home
 from scripted_model import build_scripted_model
 
@@ -224,7 +224,7 @@ def test_secrets_are_masked_in_the_turn_log_and_their_turns_never_trained(guarde
 
     # Nothing downstream trips over a turn with no ids: the trainer's selection, the swap
     # canary's prompts, the dashboard, the export.
-    from clawrl.samples import select_ready
+    from clawrl.learn.samples import select_ready
     db = connect_sync(guarded.db)
     try:
         assert select_ready(db, "combine") == [clean]    # t1 has feedback too, and is never picked

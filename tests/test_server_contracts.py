@@ -36,11 +36,11 @@ from types import SimpleNamespace
 import pytest
 
 from clawrl.config import load_config
-from clawrl import remote_teacher
+from clawrl.learn import remote_teacher
 from clawrl.engines import sglang, vllm
 from clawrl.engines.base import token_budget
 from clawrl.engines.remote import lora_load_body, lora_unload_body
-from clawrl.remote_teacher import SCORING_MARGIN
+from clawrl.learn.remote_teacher import SCORING_MARGIN
 from clawrl.engines.sglang import SGLangEngine
 from clawrl.engines.vllm import VLLMEngine
 from clawrl.types import GenParams

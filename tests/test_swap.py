@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from conftest import CLAWRL, MODEL_CACHE, Daemon, make_home
 
 pytestmark = pytest.mark.model

@@ -8,10 +8,10 @@ import asyncio
 import torch
 from safetensors.torch import save_file
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from clawrl.config import load_config
-from clawrl.store import Store
-from clawrl.swap import Swapper
+from clawrl.turnlog.store import Store
+from clawrl.adapters.swap import Swapper
 from clawrl.types import Attribution, Finish, GenParams, TokenEvent
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawrl import sdnotify, service
+from clawrl.serve import sdnotify
+from clawrl.ops import service
 from conftest import Daemon, make_home
 
 

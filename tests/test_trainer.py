@@ -20,11 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clawrl import adapters, migrations
-from clawrl.chat_format import render_prompt
+from clawrl.adapters import versions as adapters
+from clawrl.turnlog import migrations
+from clawrl.chat.format import render_prompt
 from clawrl.config import load_config
-from clawrl.teacher import hinted_messages, pick_hint, teacher_prompt
-from clawrl.trainer import Trainer, run_once
+from clawrl.learn.teacher import hinted_messages, pick_hint, teacher_prompt
+from clawrl.learn.trainer import Trainer, run_once
 from conftest import MODEL_CACHE, make_home
 
 pytestmark = pytest.mark.model
@@ -379,7 +380,7 @@ def test_stop_abandons_the_step_without_writing(lm, tmp_path):
 def start_trainer(log: TurnLog) -> subprocess.Popen:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}, **log.env,
            "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.Popen([sys.executable, "-m", "clawrl.trainer"], env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "clawrl.learn.trainer"], env=env, text=True,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
 
 
@@ -445,7 +446,7 @@ def test_a_second_trainer_waits_for_the_first_and_leaves_its_staging_folder_alon
     staging = root / ".tmp-0001-orphan"          # what the first trainer is writing
     staging.mkdir()
     first = subprocess.Popen([sys.executable, "-c",
-                              "import sys, time; from pathlib import Path; from clawrl import adapters;"
+                              "import sys, time; from pathlib import Path; from clawrl.adapters import versions as adapters;"
                               " lock = adapters.hold_trainer_lock(Path(sys.argv[1]), time.sleep, print);"
                               " print('holding', flush=True); time.sleep(600)", str(root)],
                              stdout=subprocess.PIPE, text=True)

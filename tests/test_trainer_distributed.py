@@ -13,10 +13,10 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from clawrl.config import ConfigError, load_config
-from clawrl.distributed import launch_args, processes
-from clawrl.trainer import run_once
+from clawrl.learn.distributed import launch_args, processes
+from clawrl.learn.trainer import run_once
 from test_trainer import FRANCE, TurnLog, lm, served  # noqa: F401  (lm is a fixture)
 
 pytestmark = pytest.mark.model

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from clawrl.chat_format import (TOOLS_PREAMBLE, _inline_tools, _tool_call_text, content_text,
+from clawrl.chat.format import (TOOLS_PREAMBLE, _inline_tools, _tool_call_text, content_text,
                                 template_supports_tools)
-from clawrl.toolcalls import OutputParser
+from clawrl.chat.toolcalls import OutputParser
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from clawrl.chat_request import ChatRequest, attribute, derived_session_id, parse_chat
+from clawrl.chat.request import ChatRequest, attribute, derived_session_id, parse_chat
 from clawrl.errors import RequestError
 from clawrl.types import Attribution
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from clawrl import config as config_mod
-from clawrl import migrations
-from clawrl.config import (REPO_RECIPES, SECTIONS, Config, _section_fields, describe, load_config,
-                           resolve_recipe)
+from clawrl.turnlog import migrations
+from clawrl.config import (REPO_RECIPES, SECTIONS, Config, _section_fields, describe,
+                           load_config, resolve_recipe)
 from clawrl.errors import ClawrlError, ConfigError
 
 

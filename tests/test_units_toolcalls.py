@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from clawrl.toolcalls import CLOSE, OPEN, OutputParser
+from clawrl.chat.toolcalls import CLOSE, OPEN, OutputParser
 
 
 def chunks_of(text: str, size: int) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .redact import check_pattern
+from .turnlog.redact import check_pattern
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -73,7 +73,7 @@ class EngineConfig:
     startup_timeout_s: float = _f(900.0, "sglang/vllm: how long the server may take to answer "
                                   "/health after a (re)start (weights, CUDA graphs); tinker: how "
                                   "long to keep trying to reach Tinker at start-up", minimum=1.0)
-    # -- tinker: the Tinker service does the compute (engines/tinker.py, tinker_trainer.py) --
+    # -- tinker: the Tinker service does the compute (engines/tinker.py, learn/tinker_trainer.py) --
     base_model: str = _f("", "tinker: the base model Tinker samples and trains, e.g. Qwen/Qwen3-8B; "
                          "empty = model.name")
 

@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
-from . import adapters
-from .store import JUDGE_VS_FEEDBACK, connect_sync, judge_agreement
+from .adapters import versions as adapters
+from .turnlog.store import JUDGE_VS_FEEDBACK, connect_sync, judge_agreement
 from .types import Attribution
 
 log = logging.getLogger("clawrl.metrics")
@@ -138,8 +138,8 @@ class Metrics:
     def _from_turn_log(path) -> tuple[tuple[int, int], dict] | None:
         """The samples waiting (judge, train) and the judge's agreement with explicit feedback, in
         one read; None when the log is missing, not migrated yet, or busy."""
-        # Imported here: samples.py loads torch, which the daemon has by the time anyone scrapes.
-        from .samples import READY
+        # Imported here: learn/samples.py loads torch, which the daemon has by the time anyone scrapes.
+        from .learn.samples import READY
         if not path.exists():
             return None
         try:

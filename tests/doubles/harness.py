@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 
 DOUBLES = Path(__file__).resolve().parent
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from clawrl import adapters
+from clawrl.adapters import versions as adapters
 from clawrl.config import load_config
-from clawrl.remote_teacher import remote_teacher
+from clawrl.learn.remote_teacher import remote_teacher
 
 from .harness import Transcript, chat, hold, sse, wait_active, write_adapter
 
@@ -238,7 +238,7 @@ def fills_the_context(ctx: Ctx, tokenizer, free: int) -> None:
     max_tokens: SGLang 1, vLLM 0), so the request is served, not refused. Then a hinted
     teacher context that, with the response, would fill the context exactly is cut to leave the
     one position both servers need to score it."""
-    from clawrl.chat_format import render_prompt
+    from clawrl.chat.format import render_prompt
     limit = httpx.get(f"{ctx.url}/v1/models", timeout=30).json()["data"][0]["context_length"]
     words = limit
     for _ in range(8):            # " word" is one token; the template adds a few around it

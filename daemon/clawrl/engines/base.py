@@ -12,7 +12,7 @@ import threading
 import time
 from typing import AsyncIterator, Protocol
 
-from ..chat_format import render_prompt
+from ..chat.format import render_prompt
 from ..errors import RequestError
 from ..types import Finish, GenParams, TokenEvent
 

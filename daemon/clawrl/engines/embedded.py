@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..chat_format import template_supports_tools
+from ..chat.format import template_supports_tools
 from ..config import Config
 from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent

@@ -8,7 +8,7 @@ when idle (registry.py); the process is launched or watched by launcher.py. Conn
 become `RequestError`s the proxy answers with: 503 + Retry-After while the server is down or
 restarting, 502 when it drops a request mid-stream.
 
-What it does not own: the wire formats (sglang.py, vllm.py) and which version serves (swap.py).
+What it does not own: the wire formats (sglang.py, vllm.py) and which version serves (adapters/swap.py).
 """
 from __future__ import annotations
 

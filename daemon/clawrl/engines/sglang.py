@@ -47,8 +47,8 @@ import httpx
 from ..config import Config
 from ..errors import AdapterRefused, RequestError
 from ..types import Finish, GenParams
-from .remote import (RemoteEngine, RemoteGeneration, TextStream, check_scored,
-                     error_message, lora_load_body, lora_unload_body, refused, upstream_error)
+from .remote import (RemoteEngine, RemoteGeneration, TextStream, check_scored, error_message,
+                     lora_load_body, lora_unload_body, refused, upstream_error)
 
 FINISH = {"stop": "stop", "length": "length"}
 # The first release whose SamplingParams takes `sampling_seed` (0.5.2's refuses it).

@@ -28,7 +28,7 @@ sampling_params.py`, `_exceptions.py`, `lib/retry_handler.py`; tinker-cookbook's
   False)`) and retries a few times itself, so a client waits seconds, not hours.
 
 Adapter versions are remote (adapters.REMOTE): `remote.json` names the sampler weights the trainer
-saved on Tinker (tinker_trainer.py); loading one creates a sampling client for that path, new
+saved on Tinker (learn/tinker_trainer.py); loading one creates a sampling client for that path, new
 requests use it, and requests already running finish on the client they started with.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import os
 import time
 from pathlib import Path
 
-from .. import adapters
+from ..adapters import versions as adapters
 from ..config import Config
 from ..errors import AdapterRefused, ConfigError, ModelError, RequestError
 from ..types import Finish, GenParams, TokenEvent

@@ -41,8 +41,8 @@ import httpx
 from ..config import Config
 from ..errors import AdapterRefused
 from ..types import Finish, GenParams
-from .remote import (RemoteEngine, RemoteGeneration, TextStream, check_scored,
-                     error_message, lora_load_body, lora_unload_body, upstream_error)
+from .remote import (RemoteEngine, RemoteGeneration, TextStream, check_scored, error_message,
+                     lora_load_body, lora_unload_body, upstream_error)
 
 TOKEN_ID = "token_id:"
 FINISH = {"stop": "stop", "length": "length"}

@@ -1,0 +1,1 @@
+"""`clawrl eval`: simulated users (personas) against fresh daemons, and the reports it writes."""

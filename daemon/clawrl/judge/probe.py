@@ -1,0 +1,285 @@
+"""The probe judge: a small head on the frozen base model's own hidden states reads a user's reply
+as approval, correction or neither.
+
+The base model reads the exchange in chat form (the question, the tail of the answer, the user's
+reply); the last token's hidden state at a few layers and the reply's mean hidden state at two
+more are the feature vector; a multinomial logistic head, fitted on the feedback corpus's train
+split, gives p(-1), p(0), p(+1). A vote is cast only when its probability reaches its class's
+threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool results
+keep the rules judge's structured reading (JSON fields, exit codes), and on -1 the user's own
+words are the hint.
+
+It owns the features, the head (what it computes, save, load) and the `ProbeJudge`. Fitting a
+head, where it lives and when it is refitted are judge/probe_fit.py's; the judging loop only calls
+`probe_fit.ensure_head`. The base model is
+a private copy cut after the last layer read (no LM head), so the probe never touches the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import threading
+import unicodedata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..chat.format import content_text
+from ..errors import ClawrlError
+from .judges import JudgeInput, Judgment, combine, rules_hint, tool_vote
+
+log = logging.getLogger("clawrl.probe")
+
+FORMAT = 3
+# What is read, as fractions of the model's depth (measured on the dev split with SmolLM2-135M:
+# these two views together beat either alone, any single layer, and a 2-layer MLP head):
+LAST_TOKEN_AT = (1 / 6, 1 / 3, 1 / 2)   # the hidden state of the exchange's last token
+REPLY_MEAN_AT = (1 / 2, 2 / 3)          # the mean over the reply's tokens
+QUESTION_CHARS, ANSWER_CHARS, REPLY_CHARS = 160, 240, 600
+MAX_TOKENS = 192          # the rendered exchange, cut from the left (the reply sits at its end)
+L2_GRID = (1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0)
+MIN_PRECISION = 0.90      # the dev split's correction precision the thresholds must keep
+# What a vote with the wrong sign costs, in right votes: it undoes one and trains the other way.
+# The thresholds maximise right votes minus this many times the wrong ones on dev; 2 finds most
+# corrections (dev: 0.89) at 5.7 % wrong signs, 4 would give 1.7 % but miss a third of them.
+WRONG_SIGN_COST = 2
+
+
+class ProbeError(ClawrlError):
+    """The probe's head could not be read or built."""
+
+
+# ------------------------------------------------------------------------------------- features
+
+def _head_tail(text: str, limit: int, tail_only: bool = False) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return "…" + text[-limit:] if tail_only else text[:limit * 2 // 3] + " … " + text[-limit // 3:]
+
+
+def exchange(question: str, answer: str, reply: str) -> list[dict]:
+    """What the base model reads: the question, the end of the answer, the reply."""
+    msgs = [{"role": "user", "content": _head_tail(question, QUESTION_CHARS)}] if question else []
+    return msgs + [{"role": "assistant", "content": _head_tail(answer, ANSWER_CHARS, True) or "…"},
+                   {"role": "user", "content": _head_tail(reply, REPLY_CHARS)}]
+
+
+def _depths(fractions, depth: int) -> tuple[int, ...]:
+    return tuple(max(1, round(f * depth)) for f in fractions)
+
+
+class Reader:
+    """The frozen base model, cut after the deepest layer read, turning exchanges into features.
+
+    It reads in float32: on a CPU at this size that is both exact and faster than bfloat16
+    (bench/judge.py), and int8 activations lose too much of what the head reads (measured on
+    dev). The chat template's fixed head (SmolLM2's default system prompt, ~20 tokens) is the
+    same in every exchange, so its key/value cache is computed once and only the rest is read.
+    Exchanges are read one at a time: no padding, so a reading never depends on its batch."""
+
+    def __init__(self, model_dir: Path | str):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.model_dir = Path(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.dtype = torch.float32
+        full = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
+        depth = full.config.num_hidden_layers
+        self.last_at, self.mean_at = _depths(LAST_TOKEN_AT, depth), _depths(REPLY_MEAN_AT, depth)
+        self.layers = self.last_at + self.mean_at
+        self.model = full.model          # the decoder without the LM head
+        self.model.layers = self.model.layers[:max(self.layers)]
+        self.model.eval().requires_grad_(False)
+        self._head_ids, self._head_kv = self._template_head()
+
+    def _render(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    @torch.inference_mode()
+    def _template_head(self):
+        """The tokens every rendered exchange starts with, and their keys and values per layer."""
+        a = self._render([{"role": "user", "content": "a"}])
+        b = self._render([{"role": "assistant", "content": "b"}])
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        if n == 0:
+            return [], []
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        self.model(input_ids=torch.tensor([a[:n]]), cache=cache, use_cache=True)
+        return a[:n], [(layer.keys, layer.values) for layer in cache.layers[:len(self.model.layers)]]
+
+    def _head_cache(self):
+        """A fresh cache holding the template's head: a reading appends to it by concatenation,
+        so the stored keys and values are never changed and readings may run at once."""
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(self._head_kv):
+            cache.update(k, v, i)
+        return cache
+
+    def _ids(self, messages: list[dict]) -> tuple[list[int], int, bool]:
+        """The exchange's token ids after the template's head (cut from the left to fit
+        MAX_TOKENS), how many of them the reply takes, and whether the head was cut off (so
+        its cache goes first)."""
+        ids = self._render(messages)
+        reply = len(ids) - len(self._render(messages[:-1]))
+        head = len(self._head_ids)
+        cached = head > 0 and ids[:head] == self._head_ids
+        rest = ids[head:][-(MAX_TOKENS - head):] if cached else ids[-MAX_TOKENS:]
+        return rest, max(1, min(reply, len(rest))), cached
+
+    @torch.inference_mode()
+    def read_one(self, messages: list[dict]) -> torch.Tensor:
+        """One exchange's feature row: the last token's hidden state at LAST_TOKEN_AT and the
+        reply's mean at REPLY_MEAN_AT, concatenated."""
+        ids, n, cached = self._ids(messages)
+        kw = {"cache": self._head_cache(), "use_cache": True} if cached else {}
+        hidden = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True,
+                            **kw).hidden_states
+        parts = [hidden[layer][0, -1] for layer in self.last_at]
+        parts += [hidden[layer][0, -n:].mean(0) for layer in self.mean_at]
+        return torch.cat(parts)
+
+    def features(self, exchanges: list[list[dict]], cancel: threading.Event | None = None,
+                 progress=None) -> torch.Tensor:
+        """One row per exchange; `progress(done, total)` is told every few percent."""
+        rows, total = [], len(exchanges)
+        for i, messages in enumerate(exchanges):
+            if cancel is not None and cancel.is_set():
+                raise ProbeError("stopped before the probe's features were read")
+            rows.append(self.read_one(messages))
+            if progress and (i + 1 == total or (i + 1) % max(1, total // 20) == 0):
+                progress(i + 1, total)
+        return torch.stack(rows) if rows else torch.zeros((0, 0))
+
+
+# ------------------------------------------------------------------------------------------ head
+
+@dataclass
+class HeadMeta:
+    format: int
+    model_hash: str
+    corpus: str               # fingerprint of the split files it was fitted on
+    layers: list[int]         # last-token layers, then reply-mean layers
+    dtype: str                # what the base model read in (float32)
+    l2: float
+    threshold: float          # a correction vote needs at least this p(-1)
+    approval_threshold: float  # an approval vote needs at least this p(+1)
+    dev: dict                 # the dev split's numbers at those thresholds
+    train_lines: int
+    fit_s: float
+    created_at: float
+
+
+class Head:
+    """Standardise, then a linear map to logits over (-1, 0, +1)."""
+
+    def __init__(self, mean, std, weight, bias, meta: HeadMeta):
+        self.mean, self.std, self.weight, self.bias, self.meta = mean, std, weight, bias, meta
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(((x - self.mean) / self.std) @ self.weight.T + self.bias, dim=-1)
+
+    def save(self, folder: Path) -> None:
+        """Written to a temp folder, then renamed into place: never half a head."""
+        from safetensors.torch import save_file
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file({"mean": self.mean, "std": self.std, "weight": self.weight, "bias": self.bias},
+                  str(tmp / "head.safetensors"))
+        (tmp / "meta.json").write_text(json.dumps(asdict(self.meta), indent=2) + "\n")
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        if folder.exists():
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def load(cls, folder: Path) -> "Head":
+        from safetensors.torch import load_file
+        try:
+            t = load_file(str(folder / "head.safetensors"))
+            meta = HeadMeta(**json.loads((folder / "meta.json").read_text()))
+            head = cls(t["mean"], t["std"], t["weight"], t["bias"], meta)
+            n = head.weight.shape[1]
+            if head.weight.shape[0] != 3 or head.mean.shape != (n,) or head.std.shape != (n,):
+                raise ValueError(f"tensor shapes {tuple(head.weight.shape)} do not fit")
+        except Exception as e:   # missing, truncated, or from another format: one clear error
+            raise ProbeError(f"probe head in {folder} is unreadable ({e})") from e
+        return head
+
+
+def decide(probs: torch.Tensor, threshold: float, approval: float) -> list[int]:
+    """The vote per row: -1 when p(-1) reaches `threshold`, +1 when p(+1) reaches `approval`,
+    else 0."""
+    out = []
+    for p in probs.tolist():
+        out.append(-1 if p[0] >= threshold and p[0] >= p[2]
+                   else 1 if p[2] >= approval else 0)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ judge
+
+def unreadable(text: str) -> str | None:
+    """Why a next-state text cannot be read as a reply, or None when it can."""
+    if not text.strip():
+        return "the reply has no text (empty, or only non-text parts)"
+    if "\x00" in text:
+        return "the reply is binary data"
+    odd = sum(unicodedata.category(c) in ("Cc", "Cs", "Co") and c not in "\n\r\t" or c == "\ufffd"
+              for c in text[:4000])
+    if odd > max(4, len(text[:4000]) // 20):
+        return "the reply is mostly control characters (binary data?)"
+    return None
+
+
+class ProbeJudge:
+    """Votes with the probe on user replies, with the rules' structured reading on tool results."""
+
+    def __init__(self, head: Head, reader: Reader):
+        self.head, self.reader = head, reader
+
+    def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
+        """(vote, reason) per reply, each read through the base model."""
+        probs = self.head.probs(self.reader.features([exchange(question, answer, r)
+                                                      for r in replies]))
+        m = self.head.meta
+        votes = decide(probs, m.threshold, m.approval_threshold)
+        return [(v, "probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f} thresholds {:.2f}/{:.2f}".format(
+                 *p, m.threshold, m.approval_threshold)) for v, p in zip(votes, probs.tolist())]
+
+    def judge_sync(self, inp: JudgeInput) -> Judgment:
+        question = next((content_text(m.get("content")) for m in reversed(inp.context)
+                         if m.get("role") == "user"), "")
+        results: list[tuple[int, str, str | None]] = []
+        to_read: list[str] = []
+        for m in inp.next_state:
+            text = content_text(m.get("content"))
+            if m.get("role") == "tool":
+                vote, why = tool_vote(text)
+                results.append((vote, f"tool: {why}", None))
+            elif m.get("role") == "user":
+                why = unreadable(text)
+                if why:
+                    results.append((0, f"probe: {why}", None))
+                else:
+                    to_read.append(text)
+        if to_read:
+            for text, (vote, reason) in zip(to_read, self.read(question, inp.response, to_read)):
+                results.append((vote, reason, rules_hint(text) if vote == -1 else None))
+        return combine(results, "probe")
+
+    async def judge(self, inp: JudgeInput) -> Judgment:
+        return await asyncio.to_thread(self.judge_sync, inp)

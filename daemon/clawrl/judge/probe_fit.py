@@ -1,0 +1,207 @@
+"""Fitting the probe judge's head, and keeping it on disk: where it lives (beside the converted
+models, keyed by the base model's hash), when it is fitted (missing, unreadable, or fitted on
+another corpus or reader), and the cache of the corpus's features that makes a refit take seconds.
+
+The fit is plain: standardise, a multinomial logistic regression by L-BFGS with its L2 strength
+chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (the most right
+votes less WRONG_SIGN_COST times the wrong-sign ones, keeping MIN_PRECISION on corrections). The
+test split
+is never read here. What a head computes, and the judge that uses it, are judge/probe.py's.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import corpus
+from .corpus import metrics
+from .probe import (FORMAT, L2_GRID, MIN_PRECISION, WRONG_SIGN_COST, Head, HeadMeta, ProbeError,
+                    Reader, decide, exchange)
+
+log = logging.getLogger("clawrl.probe")
+
+
+def _labels_index(labels: list[int]) -> torch.Tensor:
+    return torch.tensor([lab + 1 for lab in labels])      # -1, 0, +1 -> 0, 1, 2
+
+
+def _fit(x: torch.Tensor, y: torch.Tensor, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multinomial logistic regression with an L2 penalty, full batch, by L-BFGS; classes are
+    weighted by inverse frequency so a rare class is not ignored."""
+    torch.manual_seed(0)
+    w = torch.zeros((3, x.shape[1]), requires_grad=True)
+    b = torch.zeros(3, requires_grad=True)
+    counts = torch.bincount(y, minlength=3).float().clamp(min=1)
+    weights = counts.sum() / (3 * counts)
+    opt = torch.optim.LBFGS([w, b], lr=1, max_iter=300, history_size=20,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w.T + b, y, weight=weights) \
+            + l2 * (w ** 2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return w.detach(), b.detach()
+
+
+def _score(pred: list[int], gold: list[int]) -> dict:
+    m = metrics(gold, pred)
+    return {k: m[k] for k in ("correction_precision", "correction_recall", "approval_precision",
+                              "approval_recall", "wrong_sign_rate")}
+
+
+def _choose_thresholds(probs: torch.Tensor, gold: list[int]) -> tuple[float, float, dict]:
+    """The thresholds for a correction vote and for an approval vote (each class is calibrated
+    its own way) that give dev the most right votes less WRONG_SIGN_COST times the votes with the
+    wrong sign, among those that keep MIN_PRECISION on corrections; where none does, the pair
+    with the best correction precision."""
+    grid = [t / 100 for t in range(34, 100, 2)]
+    scored = [(tn, tp, _score(decide(probs, tn, tp), gold)) for tn in grid for tp in grid]
+    n = max(1, len(gold))
+    share = {lab: sum(g == lab for g in gold) / n for lab in (-1, 1)}
+
+    def net(s: dict) -> float:
+        right = s["correction_recall"] * share[-1] + s["approval_recall"] * share[1]
+        return right - WRONG_SIGN_COST * s["wrong_sign_rate"]
+    ok = [c for c in scored if c[2]["correction_precision"] >= MIN_PRECISION]
+    if ok:
+        return max(ok, key=lambda c: (net(c[2]), -c[0] - c[1]))
+    return max(scored, key=lambda c: (c[2]["correction_precision"], -c[0] - c[1]))
+
+
+def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, reader_key: dict,
+             model_hash: str, corpus_print: str, progress=None) -> Head:
+    """A head from features of labelled examples: L2 strength and threshold chosen on `dev`."""
+    t0 = time.time()
+    say = progress or (lambda msg: None)
+    y_tr, gold_dev = _labels_index([e.label for e in train]), [e.label for e in dev]
+    if len(set(y_tr.tolist())) < 3 or len(set(gold_dev)) < 3:
+        raise ProbeError("the probe needs every label (-1, 0, +1) in both train and dev data")
+    mean, std = x_tr.mean(0), x_tr.std(0).clamp(min=1e-4)
+    z_tr, z_dev = (x_tr - mean) / std, (x_dev - mean) / std
+    best = None
+    for l2 in L2_GRID:
+        w, b = _fit(z_tr, y_tr, l2)
+        loss = torch.nn.functional.cross_entropy(z_dev @ w.T + b, _labels_index(gold_dev)).item()
+        say(f"L2 {l2:g}: dev log-loss {loss:.3f}")
+        if best is None or loss < best[0]:
+            best = (loss, l2, w, b)
+    _, l2, w, b = best
+    probs = torch.softmax(z_dev @ w.T + b, dim=-1)
+    threshold, approval, dev_score = _choose_thresholds(probs, gold_dev)
+    meta = HeadMeta(format=FORMAT, model_hash=model_hash, corpus=corpus_print,
+                    **reader_key, l2=l2, threshold=threshold, approval_threshold=approval,
+                    dev=dev_score, train_lines=len(train), fit_s=round(time.time() - t0, 1),
+                    created_at=time.time())
+    return Head(mean, std, w, b, meta)
+
+
+def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
+                    cancel: threading.Event | None = None):
+    """Features of labelled examples, kept in `cache` (a safetensors file) once computed: the
+    base model's reading of a fixed corpus never changes, so a refit takes seconds."""
+    from safetensors.torch import load_file, save_file
+    if cache is not None and cache.exists():
+        try:
+            x = load_file(str(cache))["x"]
+            if x.shape[0] == len(examples):
+                return x
+        except Exception as e:   # a torn cache is only a cache
+            log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
+    if progress:
+        progress(f"reading {len(examples)} labelled lines through the base model")
+    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples], cancel=cancel,
+                        progress=(lambda done, total: progress(f"  read {done}/{total} lines"))
+                        if progress else None)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
+        save_file({"x": x.contiguous()}, str(tmp))
+        os.replace(tmp, cache)
+    return x
+
+
+# ----------------------------------------------------------------------------------- where/when
+
+def model_hash(model_dir: Path) -> str:
+    """sha256 over the model's weight files and config: the head belongs to exactly these."""
+    h = hashlib.sha256()
+    files = sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def head_folder(models_dir: Path, digest: str) -> Path:
+    """Beside the converted models (which homes may share), keyed by the model's hash."""
+    return models_dir / "probes" / digest / "head"
+
+
+def _clean_leftovers(folder: Path) -> None:
+    """Temp files and folders of a fit that was killed midway (each write is tmp + rename)."""
+    for junk in folder.glob(".*.tmp-*"):
+        shutil.rmtree(junk, ignore_errors=True) if junk.is_dir() else junk.unlink(missing_ok=True)
+    for junk in folder.glob(".head.old-*"):
+        shutil.rmtree(junk, ignore_errors=True)
+
+
+def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
+                reader: Reader | None = None, rebuild: bool = False, progress=None,
+                cancel: threading.Event | None = None) -> tuple[Head, Reader]:
+    """The head for this base model and corpus (`data`, default the built-in one): loaded, or
+    fitted and saved when it is missing, unreadable, or fitted on another corpus. `cancel` stops
+    a fit between batches (ProbeError); nothing half-written is left."""
+    data = Path(data or corpus.CORPUS_DIR)
+    digest, corpus_print = model_hash(model_dir), corpus.fingerprint(data)
+    folder = head_folder(models_dir, digest)
+    if folder.parent.exists():
+        _clean_leftovers(folder.parent)
+    if folder.exists() and not rebuild:
+        try:
+            head = Head.load(folder)
+            reader = reader or Reader(model_dir)
+            if (head.meta.corpus, head.meta.format, head.meta.layers, head.meta.dtype) == \
+                    (corpus_print, FORMAT, list(reader.layers), str(reader.dtype)):
+                return head, reader
+            log.info("probe head in %s was fitted on another corpus or reader; fitting a new "
+                     "one", folder)
+        except ProbeError as e:
+            log.warning("%s; fitting a new one", e)
+    reader = reader or Reader(model_dir)
+    train, dev = corpus.load("train", data), corpus.load("dev", data)
+    dtype = str(reader.dtype).removeprefix("torch.")
+    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}"
+    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
+    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
+    head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": str(reader.dtype)},
+                    digest, corpus_print, progress)
+    head.save(folder)
+    for stale in folder.parent.glob("features-*"):    # caches of corpora no longer fitted on
+        if not stale.name.startswith(cache.name + "."):
+            stale.unlink(missing_ok=True)
+    log.info("probe head fitted in %.0f s, thresholds %.2f (correction) and %.2f (approval), "
+             "saved to %s", head.meta.fit_s, head.meta.threshold, head.meta.approval_threshold,
+             folder)
+    return head, reader
+
+
+def head_for(cfg, rebuild: bool = False, progress=None,
+             cancel: threading.Event | None = None) -> tuple[Head, Reader]:
+    """The head for a recipe: its base model (converted if needed) and `judge.probe_data`."""
+    from ..models import provision
+    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    return ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None, rebuild=rebuild,
+                       progress=progress, cancel=cancel)
