@@ -194,7 +194,7 @@ def test_swap_refuses_a_version_of_the_other_kind(tmp_path):
     from clawrl.adapters.swap import Swapper
 
     class Engine:
-        adapter_version, loaded_adapters = 0, set()
+        adapter_version, loaded_adapters, adapter_kind = 0, set(), adapters.PEFT_KIND
 
         def __init__(self, kind=None):
             if kind:

@@ -17,6 +17,7 @@ from clawrl.types import Attribution, Finish, GenParams, TokenEvent
 
 class ScriptedEngine:
     """Answers like the engine API: version 2 loops on one token, version 3 answers nothing."""
+    adapter_kind = "peft"
 
     def __init__(self):
         self.adapter_version, self.loaded_adapters, self.unloaded = 0, set(), []

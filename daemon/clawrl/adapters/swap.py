@@ -107,7 +107,7 @@ class Swapper(BackgroundLoop):
             path = adapters.version_dir(self.root, version)
             # A version written for another engine (local PEFT weights vs a Tinker pointer) is
             # refused, so it is marked REJECTED once instead of failing every pass.
-            serves = getattr(self.engine, "adapter_kind", adapters.PEFT_KIND)
+            serves = self.engine.adapter_kind
             if adapters.kind(path) != serves:
                 raise AdapterRefused(f"adapter {version:04d} is a {adapters.kind(path)} version; "
                                      f"this engine serves {serves} versions")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..chat.format import template_supports_tools
+from ..adapters.versions import PEFT_KIND
 from ..config import Config
 from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
@@ -89,6 +90,7 @@ class _Request:
 
 class EmbeddedEngine:
     generation_margin = 0      # it generates up to the last position of the context
+    adapter_kind = PEFT_KIND
 
     def __init__(self, cfg: Config):
         self.cfg = cfg

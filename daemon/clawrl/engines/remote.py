@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from ..adapters.versions import PEFT_KIND
 from ..config import Config
 from ..errors import ModelError, RequestError
 from ..models import provision
@@ -128,6 +129,7 @@ class RemoteEngine:
     `server_info`, `_stream`, `_server_load` and `_server_unload`."""
     kind = "remote"
     generation_margin = 0      # vLLM: prompt + max_tokens <= max_model_len
+    adapter_kind = PEFT_KIND
 
     def __init__(self, cfg: Config):
         logging.getLogger("httpx").setLevel(logging.WARNING)   # not a line per health check

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.applications import Starlette
@@ -36,6 +37,12 @@ from ..chat.reasoning import ReasoningSplitter
 from ..chat.toolcalls import OutputParser
 from ..types import Attribution, Finish, GenParams
 
+if TYPE_CHECKING:   # the stages the server starts; serving itself does not import them
+    from ..adapters.swap import Swapper
+    from ..judge.loop import Judging
+    from ..learn.supervisor import TrainerSupervisor
+    from ..skills.bridge import SkillBridge
+
 log = logging.getLogger("clawrl.proxy")
 
 
@@ -45,10 +52,10 @@ class DaemonState:
     cfg: Config
     engine: Engine
     store: Store | None = None
-    judging: object | None = None      # judging.Judging, once started
-    swapper: object | None = None      # swap.Swapper
-    trainer: object | None = None      # supervisor.TrainerSupervisor
-    skills: object | None = None       # skills.SkillBridge, when skills.enabled
+    judging: Judging | None = None     # once started
+    swapper: Swapper | None = None
+    trainer: TrainerSupervisor | None = None
+    skills: SkillBridge | None = None  # when skills.enabled
     ready: bool = False
     load_error: str | None = None
     started: float = field(default_factory=time.time)
