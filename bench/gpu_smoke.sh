@@ -97,7 +97,7 @@ do
   (( SECONDS - T0 < 1000 )) || fail "not ready after 1000 s"
   sleep 3
 done
-say "ready after $((SECONDS - T0)) s"
+say "ready after $((SECONDS - T0)) s: $ENGINE $("$PY" -c "import sys, httpx; print(httpx.get(sys.argv[1] + '/readyz', timeout=5).json()['engine'].get('server_version') or 'version unknown')" "$URL")"
 
 # -- a short conversation with feedback, then the new adapter must serve ------------------------
 "$PY" - "$URL" "$CLAWRL_HOME/clawrl.db" <<'EOF' || fail "the loop did not complete (see above)"

@@ -49,3 +49,23 @@ class Finish:
     completion_tokens: int
     cached_tokens: int = 0           # prompt tokens served from the prefix cache
     adapter_version: int = 0
+
+
+@dataclass
+class Turn:
+    """One row of the turn log with its JSON columns decoded (turnlog/rows.py builds it). Only
+    what the stages read after the turn is recorded; the row has more (timings, statuses)."""
+    id: int
+    session_id: str
+    user_id: str | None
+    request: dict                    # {messages, tools, params}
+    prompt_ids: list[int]
+    response_text: str
+    response_ids: list[int] | None
+    response_logprobs: list[float] | None
+    tool_calls: list[dict] | None
+    next_state: list[dict] | None    # the messages that followed the response
+    judge_hint: str | None
+    feedback_comment: str | None
+    teacher_logprobs: list[float] | None
+    teacher_topk: dict | None

@@ -9,7 +9,6 @@ sessions that have been idle past `session.idle_timeout_s`. Serving never waits 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import threading
@@ -20,6 +19,7 @@ from ..config import Config
 from ..engines.base import token_budget
 from .judges import JudgeInput, make_judge, openai_complete
 from ..metrics import Metrics
+from ..turnlog.rows import turn
 from ..turnlog.store import Store
 from ..types import GenParams
 
@@ -31,15 +31,13 @@ CALL_TIMEOUT = 120.0
 def judge_input(row: dict, context_messages: int) -> JudgeInput:
     """What the judge sees of a turn: the conversation just before it (system prompts left out:
     OpenClaw's are ~10k tokens of instructions), the response, and what followed."""
-    messages = json.loads(row["request_json"])["messages"]
-    window = [m for m in messages if m.get("role") not in ("system", "developer")]
+    t = turn(row)
+    window = [m for m in t.request["messages"] if m.get("role") not in ("system", "developer")]
     window = window[-context_messages:] if context_messages else []
     return JudgeInput(
         context=[{**m, "content": content_text(m.get("content"))} for m in window],
-        response=row["response_text"] or "",
-        tool_calls=json.loads(row["tool_calls"]) if row["tool_calls"] else [],
-        next_state=[{**m, "content": content_text(m.get("content"))}
-                    for m in json.loads(row["next_state_json"])])
+        response=t.response_text, tool_calls=t.tool_calls or [],
+        next_state=[{**m, "content": content_text(m.get("content"))} for m in t.next_state or []])
 
 
 # A judge call is over once it has given its answer; on a CPU every token after that is waste.

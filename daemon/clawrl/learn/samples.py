@@ -21,6 +21,7 @@ import torch
 
 from ..adapters import versions as adapters
 from .advantages import method_advantages
+from ..turnlog.rows import turn
 from ..turnlog.store import connect_sync
 from ..errors import ClawrlError
 from .teacher import pick_hint
@@ -157,19 +158,19 @@ def load_samples(db: sqlite3.Connection, ids: list[int]) -> list[Sample]:
     for i in ids:
         r = db.execute("SELECT * FROM turns WHERE id=?", (i,)).fetchone()
         try:
-            response_ids = json.loads(r["response_ids"])
-            served = json.loads(r["response_logprobs"] or "null")
-            teacher = json.loads(r["teacher_logprobs"] or "null")
-            calls = json.loads(r["tool_calls"] or "null")
+            t = turn(r)
+            response_ids, served, teacher = t.response_ids, t.response_logprobs, t.teacher_logprobs
+            if not t.request or not t.prompt_ids or response_ids is None:
+                raise ValueError("no request, prompt or response ids")
             out.append(Sample(
-                id=i, user_id=r["user_id"], request=json.loads(r["request_json"]),
-                prompt_ids=json.loads(r["prompt_ids"]), response_ids=response_ids,
+                id=i, user_id=t.user_id, request=t.request,
+                prompt_ids=t.prompt_ids, response_ids=response_ids,
                 # Served logprobs that do not line up with the tokens cannot correct anything.
                 served_logp=served if served and len(served) == len(response_ids) else None,
-                empty=not (r["response_text"] or "").strip() and not calls,
-                reward=reward_of(r), hint=pick_hint(r["feedback_comment"], r["judge_hint"]),
+                empty=not t.response_text.strip() and not t.tool_calls,
+                reward=reward_of(r), hint=pick_hint(t.feedback_comment, t.judge_hint),
                 teacher_logp=teacher if teacher and len(teacher) == len(response_ids) else None,
-                teacher_topk=json.loads(r["teacher_topk"] or "null")))
+                teacher_topk=t.teacher_topk))
         except (ValueError, TypeError, KeyError) as e:
             log(f"turn {i}: unreadable record ({e}); skipped")
             bad.append((i,))

@@ -14,7 +14,6 @@ they never wait on the store's write lock. The page's buttons call the control e
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from importlib import resources
 from pathlib import Path
@@ -26,6 +25,7 @@ from starlette.routing import Route
 from ..skills import bridge as skills_module
 from ..chat.format import content_text
 from ..errors import RequestError
+from ..turnlog.rows import value
 from ..turnlog.store import connect_sync
 
 EXCERPT_CHARS, RESPONSE_CHARS = 600, 4000
@@ -62,9 +62,10 @@ async def _read(request: Request, fn, *args):
     return await asyncio.to_thread(run)
 
 
-def _json(text: str | None):
+def _json(row, column: str):
+    """A JSON column for display: what does not parse shows as nothing."""
     try:
-        return json.loads(text) if text else None
+        return value(row, column)
     except ValueError:
         return None
 
@@ -86,9 +87,9 @@ def read_sessions(db: sqlite3.Connection, limit: int) -> list[dict]:
     return [{**dict(r), "derived": bool(r["derived"])} for r in rows]
 
 
-def _prompt(request_json: str) -> dict:
+def _prompt(row) -> dict:
     """The message that prompted the turn: the last user message, else the last one."""
-    messages = (_json(request_json) or {}).get("messages") or []
+    messages = (_json(row, "request_json") or {}).get("messages") or []
     last = next((m for m in reversed(messages) if m.get("role") == "user"),
                 messages[-1] if messages else {})
     return {"role": last.get("role"), "text": _clip(content_text(last.get("content")), EXCERPT_CHARS),
@@ -108,9 +109,9 @@ def read_turns(db: sqlite3.Connection, session_id: str, limit: int) -> list[dict
     turns = []
     for r in reversed(rows):
         t = {k: r[k] for k in r.keys() if k not in ("request_json", "judge_votes", "tool_calls")}
-        t.update(trainable=bool(r["trainable"]), prompt=_prompt(r["request_json"]),
+        t.update(trainable=bool(r["trainable"]), prompt=_prompt(r),
                  response_text=_clip(r["response_text"] or "", RESPONSE_CHARS),
-                 tool_calls=_json(r["tool_calls"]), judge_votes=_json(r["judge_votes"]))
+                 tool_calls=_json(r, "tool_calls"), judge_votes=_json(r, "judge_votes"))
         turns.append(t)
     return turns
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from ..errors import ClawrlError
+from .rows import value
 from .store import connect_sync
 
 PROGRESS_MIN_ROWS = 1000     # smaller exports finish before a counter would help
@@ -62,13 +63,9 @@ def parse_when(text: str, end: bool = False) -> float:
         raise ClawrlError(f"{text!r} is not a date: use YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS]") from None
 
 
-def _json(text: str | None):
-    return json.loads(text) if text else None
-
-
 def record(row) -> dict:
     """One exported turn from its database row."""
-    request = _json(row["request_json"]) or {}
+    request = value(row, "request_json") or {}
     return {
         "id": row["id"], "session_id": row["session_id"], "user_id": row["user_id"],
         "turn_index": row["turn_index"], "turn_type": row["turn_type"], "kind": row["kind"],
@@ -76,23 +73,23 @@ def record(row) -> dict:
         "adapter_version": row["adapter_version"],
         "messages": request.get("messages", []), "tools": request.get("tools"),
         "params": request.get("params"),
-        "response": {"text": row["response_text"], "tool_calls": _json(row["tool_calls"]),
+        "response": {"text": row["response_text"], "tool_calls": value(row, "tool_calls"),
                      "finish_reason": row["finish_reason"], "error": row["error"]},
-        "prompt_ids": _json(row["prompt_ids"]),
-        "response_ids": _json(row["response_ids"]),
-        "response_logprobs": _json(row["response_logprobs"]),
+        "prompt_ids": value(row, "prompt_ids"),
+        "response_ids": value(row, "response_ids"),
+        "response_logprobs": value(row, "response_logprobs"),
         "usage": {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
                   "cached_tokens": row["cached_tokens"]},
-        "next_state": ({"role": row["next_state_role"], "messages": _json(row["next_state_json"])}
+        "next_state": ({"role": row["next_state_role"], "messages": value(row, "next_state_json")}
                        if row["next_state_at"] is not None else None),
         "judge": {"status": row["judge_status"], "score": row["judge_score"],
-                  "votes": _json(row["judge_votes"]), "hint": row["judge_hint"],
+                  "votes": value(row, "judge_votes"), "hint": row["judge_hint"],
                   "attempts": row["judge_attempts"], "error": row["judge_error"]},
         "feedback": ({"reward": row["feedback_reward"], "comment": row["feedback_comment"],
                       "user_id": row["feedback_user"], "at": row["feedback_at"]}
                      if row["feedback_reward"] is not None else None),
         "train": {"status": row["train_status"], "adapter": row["trained_adapter"]},
-        "teacher_logprobs": _json(row["teacher_logprobs"]),
+        "teacher_logprobs": value(row, "teacher_logprobs"),
         "created_at": row["created_at"], "completed_at": row["completed_at"],
         "next_state_at": row["next_state_at"], "judged_at": row["judged_at"],
         "ttft_ms": row["ttft_ms"], "total_ms": row["total_ms"],

@@ -28,6 +28,7 @@ import aiosqlite
 from . import migrations
 from ..chat.format import content_text
 from .redact import Redactor
+from .rows import value
 from ..types import Attribution, Finish
 
 log = logging.getLogger("clawrl.store")
@@ -210,7 +211,7 @@ class Store:
         if prev is None or prev["next_state_at"] is not None:
             return
         at = replayed_response(messages, prev["n_messages"], prev["response_text"],
-                               json.loads(prev["tool_calls"]) if prev["tool_calls"] else None)
+                               value(prev, "tool_calls"))
         if at is None or at + 1 >= len(messages):
             return
         following = messages[at + 1:]
