@@ -869,7 +869,7 @@ def print_table(res: dict) -> None:
               f"({', '.join(fmt(s['decode_tok_s'], '.1f') for s in dd['idle'])})")
         print(f"    {'adapter active, trainer busy':<34}{fmt(dd['busy_tok_s'], '.1f'):>9}   trainer used "
               f"{fmt(dd['busy_trainer_cores'], '.2f')} cores "
-              f"({', '.join(fmt(s['decode_tok_s'], '.1f') + ' @' + fmt(s['trainer_cores'], '.2f') + (' step over' if s['step_done_at_end'] else '') for s in dd['busy'])})")
+              f"({', '.join(fmt(s['decode_tok_s'], '.1f') + ' @' + fmt(s['trainer_cores'], '.2f') + (' step over' if s['step_done_at_end'] else '') for s in dd['busy'])})")  # noqa: E501
         print(f"    {'ratio busy / idle':<34}{fmt(dd['ratio_busy_over_idle'], '.2f'):>9}   "
               f"step took {fmt(dd['step_seconds'], '.1f')} s; {dd['busy_valid']}/{len(dd['busy'])} busy "
               f"run(s) counted (trainer CPU time grew, step still running at the end)")

@@ -315,7 +315,8 @@ def test_page_renders_the_plot_and_rolls_back_in_a_browser(lab, browser):
         dots: [...document.querySelectorAll('#plot circle')].map(c => [c.dataset.turn, c.getAttribute('class')]),
         average: document.querySelector('#plot path.ma')?.getAttribute('d') ?? '',
         markers: [...document.querySelectorAll('#plot text.marker')].map(t => t.firstChild.textContent),
-        status: Object.fromEntries([...document.querySelectorAll('#status dt')].map(dt => [dt.textContent, dt.nextElementSibling.textContent])),
+        status: Object.fromEntries([...document.querySelectorAll('#status dt')]
+          .map(dt => [dt.textContent, dt.nextElementSibling.textContent])),
         adapters: [...document.querySelectorAll('#adapters tbody tr')].map(r => r.innerText),
         skills: document.querySelector('#skills').innerText})""")
     points = get(lab, "/v1/dashboard/rewards")["points"]

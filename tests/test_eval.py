@@ -124,7 +124,8 @@ def test_eval_runs_control_and_a_method_and_writes_the_report(tmp_path):
     r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
                         "--methods", "rl,opd", "--judge", "rules", "--seeds", "1", "--interactions", "2",
                         "--checkpoints", "0,2", "--heldout", "2", "--out", str(out),
-                        "--work", str(work), "--resume"], env={**env, "CLAWRL_MODEL_SOURCE": str(tmp_path / "no-model")},
+                        "--work", str(work), "--resume"],
+                       env={**env, "CLAWRL_MODEL_SOURCE": str(tmp_path / "no-model")},
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-4000:]
     assert r.stderr.count("done before, kept") == 2 and "run failed" in r.stderr

@@ -46,7 +46,8 @@ def test_write_merges_into_a_json5_file_keeping_everything_else_and_a_backup(tmp
     original = """// my settings
 {
   gateway: { port: 18789 },
-  models: { providers: { openai: { baseUrl: 'https://example.invalid/v1', apiKey: 'k', api: 'openai-completions', models: [] } } },
+  models: { providers: { openai: { baseUrl: 'https://example.invalid/v1', apiKey: 'k',
+                                   api: 'openai-completions', models: [] } } },
   agents: { defaults: { model: { primary: 'openai/gpt' }, workspace: '~/ws' } },
   plugins: { entries: { other: { enabled: true } }, load: { paths: ['/opt/p'] } },
 }

@@ -61,7 +61,8 @@ def test_greedy_logprobs_are_the_models_own(client, daemon, tokenizer):
 def test_streaming_sends_tokens_as_they_come(client, daemon):
     session = sid()
     with client.chat.completions.with_streaming_response.create(
-            model="clawrl", messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me a short story."}]}],
+            model="clawrl",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me a short story."}]}],
             stream=True, stream_options={"include_usage": True}, max_tokens=24, temperature=0,
             extra_headers={"X-Session-Id": session}) as raw:
         turn_id = int(raw.headers["x-clawrl-turn-id"])

@@ -446,7 +446,8 @@ def test_a_second_trainer_waits_for_the_first_and_leaves_its_staging_folder_alon
     staging = root / ".tmp-0001-orphan"          # what the first trainer is writing
     staging.mkdir()
     first = subprocess.Popen([sys.executable, "-c",
-                              "import sys, time; from pathlib import Path; from clawrl.adapters import versions as adapters;"
+                              "import sys, time; from pathlib import Path;"
+                              " from clawrl.adapters import versions as adapters;"
                               " lock = adapters.hold_trainer_lock(Path(sys.argv[1]), time.sleep, print);"
                               " print('holding', flush=True); time.sleep(600)", str(root)],
                              stdout=subprocess.PIPE, text=True)

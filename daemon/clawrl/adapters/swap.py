@@ -6,8 +6,9 @@ finite), loaded into the engine between two decode steps and made active; then a
 recent served prompts with it, and if it has collapsed (empty or looping answers) it is marked
 REJECTED, the previous version is restored and the bad one unloaded. Activating before the canary
 keeps the swap itself at a load (~0.3 s); a canary first would add its whole run (~2 s) to every
-swap, for a collapse that is rare and is taken back within that same time. Requests already running finish on the version they started with, so a swap never
-fails or refuses a request. `activate` and `rollback` serve the operator's commands.
+swap, for a collapse that is rare and is taken back within that same time. Requests already
+running finish on the version they started with, so a swap never fails or refuses a request.
+`activate` and `rollback` serve the operator's commands.
 """
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ the "Sampling Parameters" and "LoRA Serving" documentation pages):
   {"message"}}` line after the 200 (`entrypoints/http_server.py`, generate_request), a 400
   without streaming. Input and output must stay *below* the context: `input >= context_len` is
   refused, and so is `max_new_tokens + input >= context_len` up to at least release 0.5.4 and on
-  main at commit 001067f (release 0.5.23 relaxed it to `>`), so `generation_margin` is 1. Each chunk has
-  `text`, `output_ids` and `meta_info` with `output_token_logprobs` as `[logprob, token_id, text|null]` triples, `finish_reason` (null, or
-  `{"type": "stop"|"length"|"abort", ...}`), `prompt_tokens`, `completion_tokens` and
-  `cached_tokens`. Chunks are cumulative unless the server runs with
+  main at commit 001067f (release 0.5.23 relaxed it to `>`), so `generation_margin` is 1. Each
+  chunk has `text`, `output_ids` and `meta_info` with `output_token_logprobs` as `[logprob,
+  token_id, text|null]` triples, `finish_reason` (null, or `{"type": "stop"|"length"|"abort",
+  ...}`), `prompt_tokens`, `completion_tokens` and `cached_tokens`. Chunks are cumulative unless the server runs with
   `--incremental-streaming-output` (tokenizer_manager's output handling); `completion_tokens`
   is cumulative in both, so the new tokens are always the last `completion_tokens - seen`.
 * Output logprobs are taken after temperature scaling unless the server process has

@@ -1,8 +1,8 @@
 """The trainer for engine.kind = "tinker": judged turns -> one LoRA step on Tinker -> a remote version.
 
-The same loop as learn/trainer.py (learn/samples.py picks the turns, learn/advantages.py does the math, adapters/versions.py
-owns the folder, crash safety is the same), but the policy lives on Tinker and this process only
-sends token ids and per-token numbers. One step:
+The same loop as learn/trainer.py (learn/samples.py picks the turns, learn/advantages.py does the
+math, adapters/versions.py owns the folder, learn/step.py commits, crash safety is the same), but
+the policy lives on Tinker and this process only sends token ids and per-token numbers. One step:
 
 1. teacher: a sampling client of the frozen base model scores the served tokens in the hinted
    context (`compute_logprobs` on the last len(response) positions); stored on the turn once.

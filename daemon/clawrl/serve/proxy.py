@@ -197,7 +197,9 @@ async def _stream(turn: _Turn):
     except Exception as e:  # the engine failed mid-stream: tell the client in-band
         log.exception("generation failed")
         status, error = "failed", repr(e)
-        yield f"data: {json.dumps({'error': {'message': 'generation failed: ' + str(e), 'type': 'server_error', 'param': None, 'code': 'engine_error'}})}\n\n"
+        body = {"message": f"generation failed: {e}", "type": "server_error", "param": None,
+                "code": "engine_error"}
+        yield f"data: {json.dumps({'error': body})}\n\n"
     finally:
         turn.gen.cancel()
         await turn.record(status, error)
