@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from .adapters import versions as adapters
-from .turnlog.store import JUDGE_VS_FEEDBACK, connect_sync, judge_agreement
+from .turnlog.store import AWAITING_TRAINER, JUDGE_VS_FEEDBACK, connect_sync, judge_agreement
 from .types import Attribution
 
 log = logging.getLogger("clawrl.metrics")
@@ -138,8 +138,6 @@ class Metrics:
     def _from_turn_log(path) -> tuple[tuple[int, int], dict] | None:
         """The samples waiting (judge, train) and the judge's agreement with explicit feedback, in
         one read; None when the log is missing, not migrated yet, or busy."""
-        # Imported here: learn/samples.py loads torch, which the daemon has by the time anyone scrapes.
-        from .learn.samples import READY
         if not path.exists():
             return None
         try:
@@ -148,7 +146,7 @@ class Metrics:
                 waiting = db.execute(
                     "SELECT (SELECT count(*) FROM turns WHERE judge_status IS NULL AND"
                     " next_state_at IS NOT NULL AND status='complete' AND trainable=1),"
-                    f" (SELECT count(*) FROM turns WHERE {READY})").fetchone()
+                    f" (SELECT count(*) FROM turns WHERE {AWAITING_TRAINER})").fetchone()
                 return waiting, judge_agreement(db.execute(JUDGE_VS_FEEDBACK).fetchone())
             finally:
                 db.close()

@@ -22,7 +22,7 @@ import torch
 from ..adapters import versions as adapters
 from .advantages import method_advantages
 from ..turnlog.rows import turn
-from ..turnlog.store import connect_sync
+from ..turnlog.store import AWAITING_TRAINER, connect_sync
 from ..errors import ClawrlError
 from .teacher import pick_hint
 
@@ -31,8 +31,7 @@ def log(msg: str) -> None:
     print(f"clawrl-trainer: {msg}", file=sys.stderr, flush=True)
 
 
-READY = ("trainable=1 AND status='complete' AND train_status IS NULL"
-         " AND (judge_status='done' OR feedback_reward IS NOT NULL)")
+READY = AWAITING_TRAINER     # the turn log's own predicate: the trainer keeps no copy
 
 
 @dataclass

@@ -45,8 +45,7 @@ def connect_sync(path: Path) -> sqlite3.Connection:
 
 
 # Where a turn stands in the learning loop, as SQL over `turns`. The status summary and the
-# retention prune read these; samples.READY is the trainer's own copy of AWAITING_TRAINER (a test
-# keeps the two equal: samples imports torch, which the CLI should not have to load).
+# retention prune read these, and the trainer's samples.READY is AWAITING_TRAINER.
 AWAITING_NEXT_STATE = ("trainable=1 AND status='complete' AND judge_status IS NULL"
                        " AND next_state_at IS NULL")
 AWAITING_JUDGE = ("trainable=1 AND status='complete' AND judge_status IS NULL"
