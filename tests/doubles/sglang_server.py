@@ -49,7 +49,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-OLDER_THAN_SEED = {"0.5.2", "0.5.1", "0.4.10"}   # releases whose SamplingParams has no sampling_seed
+def has_sampling_seed(version: str) -> bool:
+    """SamplingParams takes sampling_seed from release 0.5.3 (sampling/sampling_params.py); a
+    version that is not a release number ("double") plays the newest."""
+    parts = version.split(".")[:3]
+    if len(parts) < 3 or not all(x.isdigit() for x in parts):
+        return True
+    return tuple(int(x) for x in parts) >= (0, 5, 3)
 
 
 def length_refusal(n_input: int, max_new: int, ctx: int) -> str | None:
@@ -111,7 +117,7 @@ def build(args: argparse.Namespace, c: Compute, log: Transcript) -> Starlette:
             return Response(lines, media_type="text/event-stream")
         if name is not None and name not in c.adapters:
             return refuse(f"LoRA adapter {name!r} is not loaded")
-        if "sampling_seed" in sp and version in OLDER_THAN_SEED:
+        if "sampling_seed" in sp and not has_sampling_seed(version):
             # SamplingParams(**sampling_params) before 0.5.3 (sampling/sampling_params.py).
             return refuse("SamplingParams.__init__() got an unexpected keyword argument "
                           "'sampling_seed'")
