@@ -36,6 +36,7 @@ from ..config import Config
 from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, render_checked
+from .fastdecode import FastDecoder, int8_available, supported
 from .kvbatch import DecodeBatch
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
@@ -110,6 +111,8 @@ class EmbeddedEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
+        self.fast: FastDecoder | None = None   # the decode step (engines/fastdecode.py)
+        self.decode_path = "transformers"
 
     # -- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -133,10 +136,41 @@ class EmbeddedEngine:
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_ids = {i for i in eos + [self.tokenizer.eos_token_id] if i is not None}
         self.tools_in_template = template_supports_tools(self.tokenizer)
-        log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want})")
+        self.fast = self._fast_decoder(want)
+        log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want}; "
+            f"decode: {self.decode_path})")
         self._batch = DecodeBatch(self.base_model.config)
         self._thread = threading.Thread(target=self._run, name="clawrl-engine", daemon=True)
         self._thread.start()
+
+    def _fast_decoder(self, dtype: str) -> FastDecoder | None:
+        """The decode step `engine.decode_weights` asks for, or None for transformers' forward
+        (asked for, or the model has no fast step: said once in the log)."""
+        want = self.cfg.engine.decode_weights
+        if want == "auto":
+            want = "int8" if int8_available() else dtype
+        elif want == "int8" and not int8_available():
+            log("engine.decode_weights = int8 needs fbgemm (an x86 CPU); decoding in "
+                f"{dtype} instead")
+            want = dtype
+        why = None if want == "general" else supported(self.base_model)
+        if want == "general" or why:
+            if why:
+                log(f"{why}; decoding with transformers' forward")
+            self.decode_path = "transformers"
+            return None
+        self.decode_path = f"fast step, {want} weights"
+        return FastDecoder(self.base_model, want)
+
+    def _fast_name(self, version: int) -> str | None | bool:
+        """The fast step's name for `version` (None = the base), or False where it cannot
+        decode it (an adapter it could not read: PEFT's path serves that version)."""
+        if self.fast is None:
+            return False
+        if not version:
+            return None
+        name = f"v{version}"
+        return name if self.fast.has_adapter(name) else False
 
     def close(self) -> None:
         with self._cv:
@@ -181,6 +215,11 @@ class EmbeddedEngine:
                 self.model.eval()
             else:
                 self.model.load_adapter(str(path), adapter_name=name)
+            if self.fast is not None:
+                try:
+                    self.fast.add_adapter(self.model, name)
+                except ValueError as e:
+                    log(f"adapter {name}: {e}; it decodes through PEFT")
             self.loaded_adapters.add(version)
         return self._call_in_worker(load)
 
@@ -190,6 +229,8 @@ class EmbeddedEngine:
             busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
             if version in self.loaded_adapters and version not in busy and version != self.adapter_version:
                 self.model.delete_adapter(f"v{version}")
+                if self.fast is not None:
+                    self.fast.drop_adapter(f"v{version}")
                 if self._set_adapter == version:
                     self._set_adapter = None
                 self.loaded_adapters.discard(version)
@@ -232,7 +273,7 @@ class EmbeddedEngine:
     def status(self) -> dict:
         alive = bool(self._thread and self._thread.is_alive())
         return {"kind": "embedded", "state": "running" if alive else "not started",
-                "available": alive, "active": len(self._active),
+                "available": alive, "active": len(self._active), "decode": self.decode_path,
                 "adapters": sorted(self.loaded_adapters)}
 
     # -- worker ---------------------------------------------------------------------------------
@@ -301,25 +342,49 @@ class EmbeddedEngine:
         self._release(req.entry)
 
     def _prefill_chunk(self, reqs: list[_Request]) -> None:
+        """Feed the next chunk of the prompt. On the fast step, the prompt's last token is fed
+        by it, alone: a reused prefix then ends exactly where a cold prefill does, so the
+        first token's logits, and every one after, are the same bits warm or cold (int8's
+        per-step quantization would magnify the rounding of a longer forward into other
+        tokens, and seeded sampling would not repeat)."""
         (req,) = reqs
         ids, fed = req.gen.prompt_ids, len(req.entry.ids)
-        chunk = ids[fed:fed + PREFILL_CHUNK] if len(self._active) > 1 else ids[fed:]
+        name = self._fast_name(req.adapter)
+        end = len(ids) - 1 if name is not False else len(ids)
+        if fed >= end:
+            logits = self.fast.step([ids[-1]], [fed], req.entry.cache, adapter=name)[0]
+            req.entry.ids.append(ids[-1])
+            self._emit(req, logits)
+            return
+        chunk = ids[fed:fed + PREFILL_CHUNK] if len(self._active) > 1 else ids[fed:end]
+        chunk = chunk[:end - fed]
         logits = self._forward(req, chunk)
         if len(req.entry.ids) == len(ids):
             self._emit(req, logits)
 
     def _decode(self, reqs: list[_Request]) -> None:
+        names = {self._fast_name(r.adapter) for r in reqs}
+        fast = len(names) == 1 and False not in names      # one version the fast step knows
         if len(reqs) == 1:
             if self._batch.members:
                 self._batch.split()
-            logits = self._forward(reqs[0], [reqs[0].next_token]).unsqueeze(0)
+            req = reqs[0]
+            if fast:
+                logits = self.fast.step([req.next_token], [len(req.entry.ids)], req.entry.cache,
+                                        adapter=names.pop())
+                req.entry.ids.append(req.next_token)
+            else:
+                logits = self._forward(req, [req.next_token]).unsqueeze(0)
         else:
             if not self._batch.matches(reqs):
                 self._batch.split()
                 self._batch.join(reqs)
-            kwargs, ctx = self._adapter_call(reqs)
-            with ctx:
-                logits = self._batch.step(self.model, [r.next_token for r in reqs], kwargs)
+            if fast:
+                logits = self._batch.step_with(self.fast, [r.next_token for r in reqs], names.pop())
+            else:
+                kwargs, ctx = self._adapter_call(reqs)
+                with ctx:
+                    logits = self._batch.step(self.model, [r.next_token for r in reqs], kwargs)
         for req, row in zip(list(reqs), logits):
             self._emit(req, row)
 

@@ -72,3 +72,12 @@ class DecodeBatch:
         for r, t in zip(self.members, tokens):
             r.entry.ids.append(t)
         return out.logits[:, -1].float()
+
+    def step_with(self, fast, tokens: list[int], adapter: str | None) -> torch.Tensor:
+        """The same step through the fast decode step (engines/fastdecode.py), on `adapter`."""
+        positions = self.mask.sum(dim=1)
+        self.mask = torch.cat([self.mask, torch.ones(len(tokens), 1, dtype=torch.long)], dim=1)
+        logits = fast.step(tokens, positions, self.cache, self.mask, adapter)
+        for r, t in zip(self.members, tokens):
+            r.entry.ids.append(t)
+        return logits

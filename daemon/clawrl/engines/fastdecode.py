@@ -1,0 +1,252 @@
+"""The embedded engine's decode step: one token per stream through a Llama-family model, with
+the per-token Python and operator overhead of a general model class taken out.
+
+At batch 1 a 135M model's decode is bound by two things on a CPU: the bytes of weights read per
+token, and the number of small operations run on them. transformers' forward spends about a
+third of a step outside its matrix products (masks, cache bookkeeping, hooks), and reads each
+projection separately. This step reads the model's own weights packed once at load: q, k and v
+as one matrix, gate and up as one, and (optionally) as int8 with a scale per output row, which
+reads a quarter of float32's bytes. LoRA adapters are applied unmerged, as PEFT computes them
+(base + B·A·x·scale), from the very tensors PEFT loaded, so a swap costs nothing here and a
+version's weights are never copied.
+
+Prefill stays on transformers: it is bound by arithmetic, not by bytes, and is already fast. The
+KV caches are transformers' own (`DynamicCache`), so prefix reuse, copying and batching work on
+them as before. What is exact: in float32 weights, a step computes what transformers computes,
+up to the order of float additions (tests/test_engine.py checks greedy tokens and logprobs
+against the general path). With int8 weights the logprobs are those of the int8 model; the
+trainer recomputes its own and corrects for the difference (truncated importance sampling).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+DECODE_WEIGHTS = ("float32", "bfloat16", "int8")
+
+
+def supported(model) -> str | None:
+    """Why this model cannot take the fast step (None when it can)."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "mistral"):
+        return f"model type {getattr(cfg, 'model_type', '?')!r} has no fast decode step"
+    if getattr(cfg, "attention_bias", False) and cfg.model_type == "llama":
+        return "attention biases are not supported by the fast decode step"
+    if getattr(cfg, "mlp_bias", False):
+        return "MLP biases are not supported by the fast decode step"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} is not supported by the fast decode step"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope type {rope.get('rope_type')!r} is not supported by the fast decode step"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention is not supported by the fast decode step"
+    return None
+
+
+def int8_available() -> bool:
+    """Can this torch run int8 products on this CPU (fbgemm, x86 with AVX2 or better)?"""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+class _Matrix:
+    """y = x Wᵀ (+ b) for a packed weight, stored as `kind` says.
+
+    int8: weights quantized once per output row (fbgemm), activations per row at each step. Each
+    row of a batch is multiplied on its own, so a stream's tokens never depend on who else is in
+    the batch (fbgemm would quantize a whole batch with one scale)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str):
+        self.kind = kind
+        w = weight.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        if kind == "int8":
+            scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # quantized tensors are marked deprecated
+                wq = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long),
+                                                0, torch.qint8)
+                self.packed = torch.ops.quantized.linear_prepack(wq, self.bias)
+            self.bias = None
+        else:
+            self.weight = w.to(getattr(torch, kind)).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "int8":
+            if x.shape[0] == 1:
+                return torch.ops.quantized.linear_dynamic(x, self.packed, False)
+            return torch.cat([torch.ops.quantized.linear_dynamic(row, self.packed, False)
+                              for row in x.split(1)])
+        if self.kind == "float32":
+            y = F.linear(x, self.weight)
+        else:
+            y = F.linear(x.to(self.weight.dtype), self.weight).float()
+        return y if self.bias is None else y + self.bias
+
+
+class _Layer:
+    def __init__(self, layer, kind: str):
+        at, mlp = layer.self_attn, layer.mlp
+        self.qkv = _Matrix(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+                           None if at.q_proj.bias is None else
+                           torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]), kind)
+        self.o = _Matrix(at.o_proj.weight, at.o_proj.bias, kind)
+        self.gate_up = _Matrix(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, kind)
+        self.down = _Matrix(mlp.down_proj.weight, None, kind)
+        self.norm1 = layer.input_layernorm.weight.detach().float()
+        self.norm2 = layer.post_attention_layernorm.weight.detach().float()
+
+
+def _base(module):
+    """The plain linear under a PEFT wrapper (or the module itself)."""
+    return getattr(module, "base_layer", module)
+
+
+class _Lora:
+    """One adapter version's LoRA for one layer, packed like the layer: A's of q, k, v stacked and
+    their B's block-diagonal, so q/k/v (and gate/up) take two small products each, not six."""
+
+    def __init__(self, layer, name: str):
+        at, mlp = layer.self_attn, layer.mlp
+        self.qkv = self._pack([at.q_proj, at.k_proj, at.v_proj], name)
+        self.o = self._pack([at.o_proj], name)
+        self.gate_up = self._pack([mlp.gate_proj, mlp.up_proj], name)
+        self.down = self._pack([mlp.down_proj], name)
+
+    @staticmethod
+    def _pack(modules, name: str):
+        parts = []
+        for m in modules:
+            if getattr(m, "use_dora", {}).get(name):
+                raise ValueError("a DoRA adapter has no fast decode step")
+            if name in getattr(m, "lora_A", {}):
+                a, b = m.lora_A[name].weight.detach(), m.lora_B[name].weight.detach()
+                parts.append((a.float(), b.float() * float(m.scaling[name])))
+            else:
+                w = _base(m).weight
+                parts.append((torch.zeros(0, w.shape[1]), torch.zeros(w.shape[0], 0)))
+        if not any(a.shape[0] for a, _ in parts):
+            return None
+        a = torch.cat([a for a, _ in parts]).contiguous()
+        b = torch.block_diag(*[b for _, b in parts]).contiguous()
+        return a, b
+
+    @staticmethod
+    def apply(y: torch.Tensor, x: torch.Tensor, packed) -> torch.Tensor:
+        if packed is None:
+            return y
+        a, b = packed
+        return y + (x @ a.T) @ b.T
+
+
+class FastDecoder:
+    """The decode step over `model`'s own weights, packed once (see the module docstring).
+
+    `weights` picks their storage for decode: float32 (exact), bfloat16, or int8 (a quarter of
+    the bytes, one scale per output row, activations in bfloat16)."""
+
+    def __init__(self, model, weights: str = "float32"):
+        if weights not in DECODE_WEIGHTS:
+            raise ValueError(f"decode weights {weights!r}: use one of {', '.join(DECODE_WEIGHTS)}")
+        why = supported(model)
+        if why:
+            raise ValueError(why)
+        cfg = model.config
+        inner = model.model
+        self.weights = weights
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.embed = inner.embed_tokens.weight.detach()
+        with torch.no_grad():
+            self.layers = [_Layer(layer, weights) for layer in inner.layers]
+            self.norm = inner.norm.weight.detach().float()
+            self.lm_head = _Matrix(model.lm_head.weight, None, weights)
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.detach().float()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._lora: dict[str, list[_Lora]] = {}
+
+    # -- adapters ---------------------------------------------------------------------------------
+    def add_adapter(self, peft_model, name: str) -> None:
+        """Read adapter `name`'s A and B from the layers PEFT loaded (no copy of base weights)."""
+        layers = peft_model.base_model.model.model.layers
+        with torch.no_grad():
+            self._lora[name] = [_Lora(layer, name) for layer in layers]
+
+    def drop_adapter(self, name: str) -> None:
+        self._lora.pop(name, None)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self._lora
+
+    # -- the step -----------------------------------------------------------------------------------
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def _rope(self, positions: torch.Tensor):
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.rope_scale)[:, None, None, :], \
+            (emb.sin() * self.rope_scale)[:, None, None, :]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _attend(self, q, keys, values, starts):
+        gqa = self.kv_heads != self.heads
+        if starts is None:
+            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
+        return torch.cat([F.scaled_dot_product_attention(q[r:r + 1], keys[r:r + 1, :, s:],
+                                                         values[r:r + 1, :, s:], enable_gqa=gqa)
+                          for r, s in enumerate(starts)])
+
+    @torch.inference_mode()
+    def step(self, tokens: list[int], positions: list[int] | torch.Tensor, cache,
+             mask: torch.Tensor | None = None, adapter: str | None = None) -> torch.Tensor:
+        """Feed one token per row at `positions`, appending to `cache` (a transformers cache whose
+        rows hold each stream's keys and values, left-padded where `mask`, [rows, length + 1]
+        with the new position last, is 0). Returns float32 logits, one row per stream."""
+        rows = len(tokens)
+        h, kvh, hd = self.heads, self.kv_heads, self.head_dim
+        x = self.embed[torch.tensor(tokens)].float()
+        cos, sin = self._rope(torch.as_tensor(positions).reshape(rows))
+        # where each row's keys begin (left padding ends): rows attend one at a time over their
+        # own keys, exactly as alone, so a stream's tokens never depend on the batch
+        starts = None if mask is None else (mask.shape[1] - mask.sum(dim=1)).tolist()
+        lora = self._lora.get(adapter) if adapter else None
+        for i, layer in enumerate(self.layers):
+            ad = lora[i] if lora else None
+            y = self._norm(x, layer.norm1)
+            qkv = layer.qkv(y)
+            if ad:
+                qkv = _Lora.apply(qkv, y, ad.qkv)
+            q, k, v = qkv.split([h * hd, kvh * hd, kvh * hd], dim=-1)
+            q = self._rotate(q.view(rows, h, 1, hd), cos, sin)
+            k = self._rotate(k.view(rows, kvh, 1, hd), cos, sin)
+            v = v.view(rows, kvh, 1, hd)
+            layer_cache = cache.layers[i]
+            dtype = layer_cache.keys.dtype if getattr(layer_cache, "keys", None) is not None \
+                and layer_cache.keys.numel() else q.dtype
+            keys, values = cache.update(k.to(dtype), v.to(dtype), i)
+            att = self._attend(q.to(keys.dtype), keys, values, starts).float().reshape(rows, h * hd)
+            out = layer.o(att)
+            if ad:
+                out = _Lora.apply(out, att, ad.o)
+            x = x + out
+            y = self._norm(x, layer.norm2)
+            gu = layer.gate_up(y)
+            if ad:
+                gu = _Lora.apply(gu, y, ad.gate_up)
+            gate, up = gu.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            down = layer.down(act)
+            if ad:
+                down = _Lora.apply(down, act, ad.down)
+            x = x + down
+        return self.lm_head(self._norm(x, self.norm))
