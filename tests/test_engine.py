@@ -106,3 +106,57 @@ def test_seeded_sampling_is_reproducible_and_top_p_narrows(engine):
     assert [e.token_id for e in a[0]] == [e.token_id for e in b[0]]
     # top_p this small keeps only the most likely token: the greedy answer
     assert [e.token_id for e in c[0]] == [e.token_id for e in g[0]]
+
+
+def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_path):
+    """A LoRA version, loaded and activated as the swapper does, decodes what PEFT computes
+    (float32 and general: the same greedy tokens; int8: close logprobs), first unmerged, then
+    merged into the fast step's weights, and the base model still serves beside it."""
+    import copy
+    import time
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    pm = get_peft_model(copy.deepcopy(engine.base_model), LoraConfig(
+        r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)).eval()
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.3)
+    pm.save_pretrained(tmp_path / "v1")
+    prompt = "Name three rivers in Europe."
+    ids = engine.render([{"role": "user", "content": prompt}], None)
+    with torch.inference_mode():
+        want = pm.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):]
+        logits = pm(input_ids=torch.cat([torch.tensor(ids), want]).unsqueeze(0)).logits[0].float()
+    want_lp = [float(v) for v in logits[len(ids) - 1:-1].log_softmax(-1)
+               .gather(1, want.unsqueeze(1))[:, 0]]
+
+    engine.load_adapter(1, tmp_path / "v1").result(timeout=60)
+    try:
+        engine.activate(1)
+        runs = [asyncio.run(generate(engine, prompt, 16))]
+        if engine.fast is not None:
+            deadline = time.monotonic() + 120
+            while not engine.fast.is_merged("v1") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert engine.fast.is_merged("v1"), "the adapter was never merged for decode"
+            runs.append(asyncio.run(generate(engine, prompt, 16)))
+        for events, finish in runs:
+            assert finish.adapter_version == 1
+            if engine.cfg.engine.decode_weights == "int8":   # close while the tokens agree
+                toks = [e.token_id for e in events]
+                n = next((i for i, (a, b) in enumerate(zip(toks, want.tolist())) if a != b),
+                         min(len(toks), len(want)))
+                assert n >= 4, f"int8 left float32's greedy answer at token {n}"
+                assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
+            else:
+                assert [e.token_id for e in events] == want.tolist()[:len(events)]
+                assert [e.logprob for e in events] == pytest.approx(want_lp[:len(events)], abs=2e-3)
+        engine.activate(0)
+        base, finish = asyncio.run(generate(engine, prompt, 16))
+        assert finish.adapter_version == 0
+    finally:
+        engine.activate(0)
+        assert engine.unload_adapter(1).result(timeout=60)

@@ -134,8 +134,13 @@ def test_lora_is_applied_as_peft_applies_it(model, peft_model, prompts):
     with peft_model.disable_adapter():
         got_base = forced(peft_model, fast, ids, base_tokens)
     assert max(float((a - b).abs().max()) for a, b in zip(got_base, base_ref)) < 1e-3
+    # merged into the packed weights: the same numbers, at the base's cost
+    assert fast.merge_adapter(peft_model, "v1") and fast.is_merged("v1")
+    got_merged = forced(peft_model, fast, ids, tokens, adapter="v1")
+    assert max(float((a - b).abs().max()) for a, b in zip(got_merged, ref)) < 1e-3
     fast.drop_adapter("v1")
-    assert not fast.has_adapter("v1")
+    assert not fast.has_adapter("v1") and not fast.is_merged("v1")
+    assert not fast.merge_adapter(peft_model, "v1"), "a dropped adapter is not merged back"
 
 
 @pytest.mark.parametrize("weights", ["float32", "int8"])

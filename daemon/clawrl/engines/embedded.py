@@ -220,8 +220,22 @@ class EmbeddedEngine:
                     self.fast.add_adapter(self.model, name)
                 except ValueError as e:
                     log(f"adapter {name}: {e}; it decodes through PEFT")
+                else:   # live at once, unmerged; merged (as fast as the base) a few seconds later
+                    threading.Thread(target=self._merge, args=(name,), daemon=True,
+                                     name=f"clawrl-merge-{name}").start()
             self.loaded_adapters.add(version)
         return self._call_in_worker(load)
+
+    def _merge(self, name: str) -> None:
+        """Off the worker thread: pack the weights with adapter `name` merged in for the fast
+        step. Until it is done, and if it fails, the adapter decodes unmerged."""
+        t0 = time.perf_counter()
+        try:
+            if self.fast.merge_adapter(self.model, name):
+                log(f"adapter {name} merged into the decode weights in "
+                    f"{time.perf_counter() - t0:.1f} s")
+        except Exception as e:     # unloaded meanwhile, or out of memory: unmerged still serves
+            log(f"adapter {name} not merged ({e!r}); it decodes unmerged")
 
     def unload_adapter(self, version: int) -> concurrent.futures.Future:
         """Free a version's weights once no running request uses it (it is then skipped)."""

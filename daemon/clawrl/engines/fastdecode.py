@@ -86,22 +86,44 @@ class _Matrix:
         return y if self.bias is None else y + self.bias
 
 
-class _Layer:
-    def __init__(self, layer, kind: str):
-        at, mlp = layer.self_attn, layer.mlp
-        self.qkv = _Matrix(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
-                           None if at.q_proj.bias is None else
-                           torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias]), kind)
-        self.o = _Matrix(at.o_proj.weight, at.o_proj.bias, kind)
-        self.gate_up = _Matrix(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, kind)
-        self.down = _Matrix(mlp.down_proj.weight, None, kind)
-        self.norm1 = layer.input_layernorm.weight.detach().float()
-        self.norm2 = layer.post_attention_layernorm.weight.detach().float()
+PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _module(layer, part: str):
+    return getattr(layer.self_attn if part[0] in "qkvo" else layer.mlp, part)
 
 
 def _base(module):
     """The plain linear under a PEFT wrapper (or the module itself)."""
     return getattr(module, "base_layer", module)
+
+
+def layer_weights(layer, merge: str | None = None) -> dict:
+    """A decoder layer's projection weights (and biases) by name; with `merge`, that LoRA adapter
+    folded in (W + scale · B A), as PEFT's merge computes it."""
+    out = {}
+    for part in PARTS:
+        m = _module(layer, part)
+        w = _base(m).weight.detach()
+        if merge is not None and merge in getattr(m, "lora_A", {}):
+            a, b = m.lora_A[merge].weight.detach().float(), m.lora_B[merge].weight.detach().float()
+            w = w.float() + float(m.scaling[merge]) * (b @ a)
+        out[part] = w
+        out[part + ".bias"] = None if _base(m).bias is None else _base(m).bias.detach()
+    return out
+
+
+class _Layer:
+    def __init__(self, layer, kind: str, merge: str | None = None):
+        w = layer_weights(layer, merge)
+        qkv_bias = None if w["q_proj.bias"] is None else \
+            torch.cat([w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"]])
+        self.qkv = _Matrix(torch.cat([w["q_proj"], w["k_proj"], w["v_proj"]]), qkv_bias, kind)
+        self.o = _Matrix(w["o_proj"], w["o_proj.bias"], kind)
+        self.gate_up = _Matrix(torch.cat([w["gate_proj"], w["up_proj"]]), None, kind)
+        self.down = _Matrix(w["down_proj"], None, kind)
+        self.norm1 = layer.input_layernorm.weight.detach().float()
+        self.norm2 = layer.post_attention_layernorm.weight.detach().float()
 
 
 class _Lora:
@@ -168,6 +190,7 @@ class FastDecoder:
         self.inv_freq = rotary.inv_freq.detach().float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._lora: dict[str, list[_Lora]] = {}
+        self._merged: dict[str, list[_Layer]] = {}
 
     # -- adapters ---------------------------------------------------------------------------------
     def add_adapter(self, peft_model, name: str) -> None:
@@ -176,8 +199,24 @@ class FastDecoder:
         with torch.no_grad():
             self._lora[name] = [_Lora(layer, name) for layer in layers]
 
+    def merge_adapter(self, peft_model, name: str) -> bool:
+        """Pack the weights with adapter `name` merged in, so its steps cost what the base's do.
+        Slow (seconds for int8): meant for a background thread while the unmerged adapter
+        serves. Whether it was kept: an adapter dropped meanwhile is not."""
+        layers = peft_model.base_model.model.model.layers
+        with torch.no_grad():
+            merged = [_Layer(layer, self.weights, merge=name) for layer in layers]
+        if name not in self._lora:
+            return False
+        self._merged[name] = merged
+        return True
+
+    def is_merged(self, name: str) -> bool:
+        return name in self._merged
+
     def drop_adapter(self, name: str) -> None:
         self._lora.pop(name, None)
+        self._merged.pop(name, None)
 
     def has_adapter(self, name: str) -> bool:
         return name in self._lora
@@ -219,8 +258,9 @@ class FastDecoder:
         # where each row's keys begin (left padding ends): rows attend one at a time over their
         # own keys, exactly as alone, so a stream's tokens never depend on the batch
         starts = None if mask is None else (mask.shape[1] - mask.sum(dim=1)).tolist()
-        lora = self._lora.get(adapter) if adapter else None
-        for i, layer in enumerate(self.layers):
+        merged = self._merged.get(adapter) if adapter else None
+        lora = self._lora.get(adapter) if adapter and not merged else None
+        for i, layer in enumerate(merged or self.layers):
             ad = lora[i] if lora else None
             y = self._norm(x, layer.norm1)
             qkv = layer.qkv(y)
