@@ -16,20 +16,24 @@ Everything is measured in one run, against the same converted model and the same
 (c) Decode throughput through the proxy with 1 and with 4 concurrent streams (temperature 0.7,
     fixed seeds), counted from usage.completion_tokens: aggregate tokens/s and the ratio 4/1.
 
+With `--against URL`, (a)-(c) give way to one comparison (bench/against.py): the same decode
+workload, short and at long contexts, on this clawrl and on the OpenAI-compatible server at URL
+(a llama.cpp `llama-server` on the same GGUF, or another clawrl), interleaved, as ratios.
+
 The table goes to stdout, followed by one JSON line with every number; `--out FILE` also writes
 that JSON to a file. Progress goes to stderr. The machine this runs on may be busy with other work
 (the load average at start and end is reported): treat the numbers as contended if it is high.
 
     .venv/bin/python bench/serve.py [--quick] [--home DIR] [--port P] [--threads N]
                                     [--max-tokens N] [--prefix-tokens N] [--out FILE]
+                                    [--against URL [--against-contexts 7000,13000]]
 """
 from __future__ import annotations
 
 import os
 
-# On a small CPU box OpenMP's default spin-wait makes an idle engine burn the cores the other
-# side needs. Must be set before torch is imported (clawrl.engines imports it).
-os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# OpenMP keeps its default wait policy, as the daemon does (ops/cli.py): the direct engine and
+# the server never compute at the same time, so neither spins while the other works.
 
 import argparse
 import asyncio
@@ -49,7 +53,8 @@ from pathlib import Path
 
 import httpx
 
-from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from against import compare, print_against  # noqa: E402  (bench/ is on sys.path)
+from common import emit, stop_server, wait_ready  # noqa: E402
 
 import clawrl.config
 import clawrl.engines
@@ -329,8 +334,7 @@ def bench_env(home: Path, work: Path, threads: int) -> dict[str, str]:
     """One environment for both sides: same recipe, same home (model converted once), same threads.
     The turn log goes to a throwaway file so runs don't grow the home directory."""
     env = dict(os.environ)
-    env.update({"CLAWRL_HOME": str(home), "OMP_WAIT_POLICY": "PASSIVE",
-                "CLAWRL_STORE_PATH": str(work / "bench.db")})
+    env.update({"CLAWRL_HOME": str(home), "CLAWRL_STORE_PATH": str(work / "bench.db")})
     if threads:
         env["CLAWRL_ENGINE_THREADS"] = str(threads)
     return env
@@ -450,6 +454,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prefix-tokens", type=int, default=8000,
                    help="prompt length of (b)'s first call (default 8000)")
     p.add_argument("--quick", action="store_true", help="1 repetition in (a), 1 round in (c)")
+    p.add_argument("--against", metavar="URL",
+                   help="instead of (a)-(c): the same decode workload on clawrl and on the "
+                        "OpenAI-compatible server at URL, interleaved, as ratios (bench/against.py)")
+    p.add_argument("--against-contexts", default="7000,13000",
+                   help="--against: long-prompt lengths in tokens (default 7000,13000)")
+    p.add_argument("--against-tokens", type=int, default=128,
+                   help="--against: tokens decoded per request (default 128)")
+    p.add_argument("--against-reps", type=int, default=3, help="--against: repetitions (default 3)")
     p.add_argument("--out", help="also write the JSON results to this file")
     return p.parse_args(argv)
 
@@ -475,7 +487,13 @@ def main(argv=None) -> int:
         wait_ready(proc, url)
         say("server ready")
         t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
-        results = asyncio.run(run_all(engine, url, work / "bench.db", args))
+        if args.against:
+            contexts = [int(c) for c in args.against_contexts.split(",") if c]
+            results = asyncio.run(compare(proxy_call, lambda m: engine.render(m, None), url,
+                                          args.against.rstrip("/"), contexts, args.against_tokens,
+                                          args.against_reps, say))
+        else:
+            results = asyncio.run(run_all(engine, url, work / "bench.db", args))
         cpu1, t1 = cpu_seconds(proc.pid), time.perf_counter()
         results["meta"] = {
             "model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."),
@@ -483,7 +501,8 @@ def main(argv=None) -> int:
             "loadavg_start": load_start,
             "other_load_cores": other_load(cpu0, cpu1, t1 - t0),
             "quick": args.quick, "home": str(home), "targets": TARGETS,
-            "wall_s": time.perf_counter() - T_START}
+            "wall_s": time.perf_counter() - T_START,
+            "decode": engine.decode_path}
         ok = True
     except BaseException:
         if proc is not None:
@@ -495,7 +514,7 @@ def main(argv=None) -> int:
             engine.close()
         shutil.rmtree(work, ignore_errors=True)
     if ok:
-        print_table(results)
+        print_against(results) if args.against else print_table(results)
         emit(results, args.out)
     return 0
 

@@ -116,6 +116,26 @@ class EmbeddedEngine:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
+        """Load the model and start serving, both on the worker thread, which then owns every
+        multi-threaded torch operation of the process: libgomp gives each thread that runs
+        parallel regions its own pool, and once a second live pool exists it stops spinning
+        between regions, which made each decode step ~2x slower (bench/RESULTS-serve.md)."""
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="clawrl-engine",
+                                        daemon=True)
+        self._thread.start()
+        ready.result()          # a load error is raised here, in the caller
+
+    def _main(self, ready: concurrent.futures.Future) -> None:
+        try:
+            self._load()
+        except BaseException as e:
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        self._run()
+
+    def _load(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = provision(self.cfg.model.source, self.cfg.models_dir, self.cfg.home / "cache")
@@ -140,8 +160,6 @@ class EmbeddedEngine:
         log(f"loaded {self.model_id} from {path} in {time.perf_counter() - t0:.1f} s ({want}; "
             f"decode: {self.decode_path})")
         self._batch = DecodeBatch(self.base_model.config)
-        self._thread = threading.Thread(target=self._run, name="clawrl-engine", daemon=True)
-        self._thread.start()
 
     def _fast_decoder(self, dtype: str) -> FastDecoder | None:
         """The decode step `engine.decode_weights` asks for, or None for transformers' forward
@@ -229,6 +247,7 @@ class EmbeddedEngine:
     def _merge(self, name: str) -> None:
         """Off the worker thread: pack the weights with adapter `name` merged in for the fast
         step. Until it is done, and if it fails, the adapter decodes unmerged."""
+        torch.set_num_threads(1)    # a second thread pool would slow the worker (see load)
         t0 = time.perf_counter()
         try:
             if self.fast.merge_adapter(self.model, name):

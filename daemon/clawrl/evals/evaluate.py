@@ -84,7 +84,6 @@ class Child:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
                     "CLAWRL_SERVER_HOST": "127.0.0.1", "CLAWRL_SERVER_API_KEY": "",
-                    "OMP_WAIT_POLICY": "PASSIVE",
                     # A simulated user's skills must not reach the real OpenClaw workspace.
                     "CLAWRL_SKILLS_ENABLED": "false", **env}
         if recipe:

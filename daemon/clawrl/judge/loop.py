@@ -9,6 +9,7 @@ sessions that have been idle past `session.idle_timeout_s`. Serving never waits 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import re
 import threading
@@ -93,12 +94,19 @@ class Judging(BackgroundLoop):
             def build():
                 return probe_fit.head_for(self.cfg, cancel=self._stopping,
                                           progress=lambda msg: log.info("probe head: %s", msg))
+            # A thread of its own that ends with the fit: a thread that ran multi-threaded torch
+            # keeps its OpenMP pool while it lives, and a second live pool slows the embedded
+            # engine's decode ~2x (engines/embedded.py, load). Readings then run on one thread.
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clawrl-probe-fit")
             try:
-                head, reader = await asyncio.shield(asyncio.to_thread(build))
+                head, reader = await asyncio.shield(
+                    asyncio.get_running_loop().run_in_executor(pool, build))
             except asyncio.CancelledError:
                 self._stopping.set()     # the fit stops at its next line; shutdown goes on
                 raise
-            self.judge = probe.ProbeJudge(head, reader)
+            finally:
+                pool.shutdown(wait=False)
+            self.judge = probe.ProbeJudge(head, reader, threads=1)
             log.info("judge: probe (thresholds %.2f/%.2f, dev correction recall %.2f)",
                      head.meta.threshold, head.meta.approval_threshold,
                      head.meta.dev.get("correction_recall", 0.0))

@@ -248,8 +248,9 @@ def unreadable(text: str) -> str | None:
 class ProbeJudge:
     """Votes with the probe on user replies, with the rules' structured reading on tool results."""
 
-    def __init__(self, head: Head, reader: Reader):
-        self.head, self.reader = head, reader
+    def __init__(self, head: Head, reader: Reader, threads: int | None = None):
+        """`threads`: torch threads of each reading (the daemon reads on one, beside the engine)."""
+        self.head, self.reader, self.threads = head, reader, threads
 
     def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
         """(vote, reason) per reply, each read through the base model."""
@@ -261,6 +262,8 @@ class ProbeJudge:
                  *p, m.threshold, m.approval_threshold)) for v, p in zip(votes, probs.tolist())]
 
     def judge_sync(self, inp: JudgeInput) -> Judgment:
+        if self.threads:
+            torch.set_num_threads(self.threads)      # this thread's own setting
         question = next((content_text(m.get("content")) for m in reversed(inp.context)
                          if m.get("role") == "user"), "")
         results: list[tuple[int, str, str | None]] = []

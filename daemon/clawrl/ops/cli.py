@@ -11,9 +11,10 @@ import uuid
 from .. import __version__
 from ..errors import ClawrlError
 
-# On a busy 2-core machine OpenMP's default spin-wait makes every op ~8 ms slower; this must be
-# set before torch is imported (engines import it lazily).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left at its default (spin briefly, then sleep): the embedded engine's
+# worker is the one thread that runs multi-threaded torch, and a decode step's hundreds of small
+# parallel regions are 3x slower when the workers sleep between them (PASSIVE: 17.6 against 56
+# tok/s, bench/RESULTS-serve.md). Set OMP_WAIT_POLICY yourself to choose otherwise.
 
 
 def _config(args, **overrides):
