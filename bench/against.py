@@ -47,9 +47,10 @@ async def compare(call, render, clawrl_url: str, other_url: str, contexts: list[
     """`call(client, messages, max_tokens=...)` streams one request (serve.py's proxy_call)."""
     out: dict = {"clawrl_url": clawrl_url, "other_url": other_url, "tokens": tokens, "reps": reps,
                  "workloads": {}}
-    timeout = httpx.Timeout(None)
-    async with httpx.AsyncClient(base_url=clawrl_url, timeout=timeout) as mine, \
-            httpx.AsyncClient(base_url=other_url, timeout=timeout) as other:
+    # a fresh connection per request: llama-server drops a kept-alive one after a long answer
+    limits, timeout = httpx.Limits(max_keepalive_connections=0), httpx.Timeout(None)
+    async with httpx.AsyncClient(base_url=clawrl_url, timeout=timeout, limits=limits) as mine, \
+            httpx.AsyncClient(base_url=other_url, timeout=timeout, limits=limits) as other:
         sides = {"clawrl": mine, "other": other}
         for side, client in sides.items():           # warm-up: load, first-call costs
             await call(client, [{"role": "user", "content": "Hi."}], max_tokens=4)

@@ -19,6 +19,7 @@ of its own (`--out FILE` writes the JSON too).
 
     .venv/bin/python bench/decode.py [--paths general,float32,int8] [--reps 3] [--tokens 128]
                                      [--context 7000] [--home DIR] [--out FILE]
+                                     [--child-env KEY=VALUE] [--accuracy]
 """
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def run(args) -> dict:
             cmd = [sys.executable, __file__, "--child", p, "--adapter", str(adapter),
                    "--tokens", str(args.tokens), "--context", str(args.context),
                    "--home", args.home] + (["--no-long"] if args.no_long else [])
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            env = {**os.environ, **dict(kv.split("=", 1) for kv in args.child_env)}
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 raise RuntimeError(f"{p} child failed:\n{done.stderr[-3000:]}")
             runs[p].append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -184,6 +186,59 @@ def run(args) -> dict:
     return out
 
 
+ACCURACY_PROMPTS = [
+    "What is the capital of France?", "Write a haiku about snow and mountains.",
+    "Explain how a bicycle works in three sentences.", "Give me a Python function that reverses a "
+    "string.", "List three tips for better sleep.", "What's the difference between a virus and "
+    "bacteria?", "Summarise the plot of Romeo and Juliet.", "How do I boil an egg?"]
+
+
+def accuracy(args) -> dict:
+    """How far each fast path's served logprobs are from float32 transformers: per token of
+    float32's greedy answer (what the trainer recomputes), |logprob difference| and whether the
+    path's own greedy choice is the same token."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from clawrl.engines.fastdecode import FastDecoder
+    home = Path(args.home).expanduser()
+    tok_engine = build("general", home)            # only to find the model and render
+    path, render = tok_engine.base_model.name_or_path, tok_engine.render
+    tok_engine.close()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    refs = []
+    with torch.inference_mode():
+        for q in ACCURACY_PROMPTS:
+            ids = render([{"role": "user", "content": q}], None)
+            out = model.generate(torch.tensor([ids]), max_new_tokens=args.tokens, do_sample=False)
+            gen = out[0, len(ids):].tolist()
+            lp = model(input_ids=out).logits[0].float().log_softmax(-1)
+            refs.append((ids, gen, [float(lp[len(ids) - 1 + j, t]) for j, t in enumerate(gen)]))
+    res = {"tokens": sum(len(g) - 1 for _, g, _ in refs), "prompts": len(refs), "paths": {}}
+    for kind in [p for p in args.paths.split(",") if p != "general"]:
+        fast = FastDecoder(model, kind)
+        diffs, agree = [], 0
+        for ids, gen, lps in refs:
+            cache = DynamicCache(config=model.config)
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+            for j in range(1, len(gen)):
+                logits = fast.step([gen[j - 1]], [len(ids) + j - 1], cache)[0]
+                diffs.append(abs(float(logits.log_softmax(-1)[gen[j]]) - lps[j]))
+                agree += int(logits.argmax()) == gen[j]
+        diffs.sort()
+        res["paths"][kind] = {"mean_abs_dlogprob": statistics.mean(diffs),
+                              "p95_abs_dlogprob": diffs[int(0.95 * (len(diffs) - 1))],
+                              "max_abs_dlogprob": diffs[-1], "greedy_agreement": agree / len(diffs)}
+        say(f"{kind}: {res['paths'][kind]}")
+    print(f"\nlogprobs against float32 transformers, {res['tokens']} tokens of "
+          f"{res['prompts']} greedy answers")
+    print(f"{'path':<10}{'mean |d|':>10}{'p95 |d|':>10}{'max |d|':>10}{'same greedy token':>19}")
+    for kind, r in res["paths"].items():
+        print(f"{kind:<10}{r['mean_abs_dlogprob']:>10.4f}{r['p95_abs_dlogprob']:>10.4f}"
+              f"{r['max_abs_dlogprob']:>10.3f}{r['greedy_agreement']:>19.3f}")
+    return res
+
+
 def print_table(res: dict) -> None:
     m = res["meta"]
     print(f"\ndecode paths, {m['threads']} threads, model dtype {m['dtype']}, {m['tokens']} tokens, "
@@ -210,11 +265,20 @@ def main(argv=None) -> int:
     p.add_argument("--home", default="~/.cache/clawrl-bench",
                    help="CLAWRL_HOME (the model is converted there once)")
     p.add_argument("--out", help="also write the JSON results to this file")
+    p.add_argument("--child-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set in every child's environment (e.g. OMP_WAIT_POLICY=PASSIVE)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="instead of speed: each path's logprobs against transformers' float32 "
+                        "forward, teacher-forced on float32's greedy answers")
     p.add_argument("--child", help=argparse.SUPPRESS)      # one path, one repetition
     p.add_argument("--adapter", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(asyncio.run(child(args))))
+        return 0
+    if args.accuracy:
+        res = accuracy(args)
+        emit(res, args.out)
         return 0
     res = run(args)
     print_table(res)

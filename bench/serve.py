@@ -483,7 +483,9 @@ def main(argv=None) -> int:
         engine.load()   # converts the model into home before the server starts: no race
         port = args.port or free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start_server(env, port, work / "serve.log")
+        # --against: the rules judge, as a first probe fit would compete for the cores
+        proc = start_server({**env, "CLAWRL_JUDGE_BACKEND": "rules"} if args.against else env,
+                            port, work / "serve.log")
         wait_ready(proc, url)
         say("server ready")
         t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
