@@ -483,8 +483,10 @@ def main(argv=None) -> int:
         engine.load()   # converts the model into home before the server starts: no race
         port = args.port or free_port()
         url = f"http://127.0.0.1:{port}"
-        # --against: the rules judge, as a first probe fit would compete for the cores
-        proc = start_server({**env, "CLAWRL_JUDGE_BACKEND": "rules"} if args.against else env,
+        # --against: the rules judge and no trainer, whose first probe fit or start-up would
+        # compete for the cores
+        proc = start_server({**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
+                            if args.against else env,
                             port, work / "serve.log")
         wait_ready(proc, url)
         say("server ready")
