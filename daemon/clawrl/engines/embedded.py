@@ -389,9 +389,8 @@ class EmbeddedEngine:
             req.entry.ids.append(ids[-1])
             self._emit(req, logits)
             return
-        chunk = ids[fed:fed + PREFILL_CHUNK] if len(self._active) > 1 else ids[fed:end]
-        chunk = chunk[:end - fed]
-        logits = self._forward(req, chunk)
+        stop = min(end, fed + PREFILL_CHUNK) if len(self._active) > 1 else end
+        logits = self._forward(req, ids[fed:stop])
         if len(req.entry.ids) == len(ids):
             self._emit(req, logits)
 
