@@ -248,6 +248,10 @@ class EmbeddedEngine:
         """Off the worker thread: pack the weights with adapter `name` merged in for the fast
         step. Until it is done, and if it fails, the adapter decodes unmerged."""
         torch.set_num_threads(1)    # a second thread pool would slow the worker (see load)
+        try:    # the lowest priority: a core it holds stalls every parallel region of a step
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
         t0 = time.perf_counter()
         try:
             if self.fast.merge_adapter(self.model, name):
