@@ -48,6 +48,7 @@ class Compute:
         cfg.model.source = model_path
         cfg.model.context_length = context_length
         cfg.engine.dtype = "float32"       # served logprobs then match a fresh forward pass
+        cfg.engine.decode_weights = "float32"   # (int8 decode would be ~0.07 off)
         cfg.engine.threads = 1
         cfg.engine.max_concurrent = 8
         self.engine = EmbeddedEngine(cfg)

@@ -133,6 +133,7 @@ class Backend:
                 cfg.home = Path(tempfile.mkdtemp(prefix="tinker-double-"))
                 cfg.model.source = str(self.model_dir)
                 cfg.engine.dtype = "float32"    # served logprobs then match a fresh forward pass
+                cfg.engine.decode_weights = "float32"   # (int8 decode would be ~0.07 off)
                 cfg.engine.threads = 1
                 cfg.engine.max_concurrent = 8
                 engine = EmbeddedEngine(cfg)
