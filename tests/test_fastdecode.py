@@ -168,3 +168,23 @@ def test_a_batch_row_is_exactly_that_stream_alone(model, prompts, weights):
         for s, a in zip(alone, single):
             s.token = int(a.argmax())
         assert [s.token for s in alone] == [s.token for s in together]
+
+
+def test_lora_on_the_lm_head_is_applied_and_other_modules_are_refused(model, prompts):
+    """An adapter on the LM head counts like any other (a canary must see a collapsed one); one
+    that changes the embeddings is refused, so PEFT's path serves it."""
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=2, lora_alpha=2, target_modules=["lm_head"], init_lora_weights=False)).eval()
+    fast = FastDecoder(pm.base_model.model, "float32")
+    fast.add_adapter(pm, "default")
+    ids = prompts[0]
+    tokens, ref = reference(pm, ids, 8)
+    for merge in (False, True):
+        if merge:
+            assert fast.merge_adapter(pm, "default")
+        got = forced(pm, fast, ids, tokens, adapter="default")
+        assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-3
+    emb = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["embed_tokens"]))
+    with pytest.raises(ValueError, match="embed_tokens"):
+        FastDecoder(emb.base_model.model, "float32").add_adapter(emb, "default")

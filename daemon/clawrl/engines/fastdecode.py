@@ -98,17 +98,37 @@ def _base(module):
     return getattr(module, "base_layer", module)
 
 
+def merged_weight(m, merge: str | None) -> torch.Tensor:
+    """A linear's weight, with LoRA adapter `merge` folded in (W + scale · B A) where it has one."""
+    w = _base(m).weight.detach()
+    if merge is not None and merge in getattr(m, "lora_A", {}):
+        a, b = m.lora_A[merge].weight.detach().float(), m.lora_B[merge].weight.detach().float()
+        w = w.float() + float(m.scaling[merge]) * (b @ a)
+    return w
+
+
+def _check_adapter(peft_model, name: str) -> None:
+    """ValueError unless adapter `name` is plain LoRA on the layers' projections or the LM head."""
+    cfg = peft_model.peft_config.get(name)
+    if cfg is not None and getattr(cfg, "modules_to_save", None):
+        raise ValueError(f"modules_to_save {cfg.modules_to_save} have no fast decode step")
+    for path, m in peft_model.named_modules():
+        if name not in getattr(m, "lora_A", {}) and name not in getattr(m, "lora_embedding_A", {}):
+            continue
+        last = path.rsplit(".", 1)[-1]
+        if not (last in PARTS and ".layers." in path) and last != "lm_head":
+            raise ValueError(f"LoRA on {path} has no fast decode step")
+        if getattr(m, "use_dora", {}).get(name):
+            raise ValueError("a DoRA adapter has no fast decode step")
+
+
 def layer_weights(layer, merge: str | None = None) -> dict:
     """A decoder layer's projection weights (and biases) by name; with `merge`, that LoRA adapter
     folded in (W + scale · B A), as PEFT's merge computes it."""
     out = {}
     for part in PARTS:
         m = _module(layer, part)
-        w = _base(m).weight.detach()
-        if merge is not None and merge in getattr(m, "lora_A", {}):
-            a, b = m.lora_A[merge].weight.detach().float(), m.lora_B[merge].weight.detach().float()
-            w = w.float() + float(m.scaling[merge]) * (b @ a)
-        out[part] = w
+        out[part] = merged_weight(m, merge)
         out[part + ".bias"] = None if _base(m).bias is None else _base(m).bias.detach()
     return out
 
@@ -190,25 +210,32 @@ class FastDecoder:
         self.inv_freq = rotary.inv_freq.detach().float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._lora: dict[str, list[_Lora]] = {}
-        self._merged: dict[str, list[_Layer]] = {}
+        self._head_lora: dict[str, tuple | None] = {}
+        self._merged: dict[str, tuple[list[_Layer], _Matrix]] = {}
 
     # -- adapters ---------------------------------------------------------------------------------
     def add_adapter(self, peft_model, name: str) -> None:
-        """Read adapter `name`'s A and B from the layers PEFT loaded (no copy of base weights)."""
-        layers = peft_model.base_model.model.model.layers
+        """Read adapter `name`'s A and B from the layers PEFT loaded (no copy of base weights).
+        ValueError for an adapter that changes anything else (embeddings, modules_to_save):
+        PEFT's path serves those."""
+        _check_adapter(peft_model, name)
+        inner = peft_model.base_model.model
         with torch.no_grad():
-            self._lora[name] = [_Lora(layer, name) for layer in layers]
+            self._lora[name] = [_Lora(layer, name) for layer in inner.model.layers]
+            self._head_lora[name] = _Lora._pack([inner.lm_head], name)
 
     def merge_adapter(self, peft_model, name: str) -> bool:
         """Pack the weights with adapter `name` merged in, so its steps cost what the base's do.
         Slow (seconds for int8): meant for a background thread while the unmerged adapter
         serves. Whether it was kept: an adapter dropped meanwhile is not."""
-        layers = peft_model.base_model.model.model.layers
+        inner = peft_model.base_model.model
         with torch.no_grad():
-            merged = [_Layer(layer, self.weights, merge=name) for layer in layers]
+            merged = [_Layer(layer, self.weights, merge=name) for layer in inner.model.layers]
+            head = self.lm_head if self._head_lora.get(name) is None else \
+                _Matrix(merged_weight(inner.lm_head, name), None, self.weights)
         if name not in self._lora:
             return False
-        self._merged[name] = merged
+        self._merged[name] = (merged, head)
         return True
 
     def is_merged(self, name: str) -> bool:
@@ -216,6 +243,7 @@ class FastDecoder:
 
     def drop_adapter(self, name: str) -> None:
         self._lora.pop(name, None)
+        self._head_lora.pop(name, None)
         self._merged.pop(name, None)
 
     def has_adapter(self, name: str) -> bool:
@@ -260,7 +288,8 @@ class FastDecoder:
         starts = None if mask is None else (mask.shape[1] - mask.sum(dim=1)).tolist()
         merged = self._merged.get(adapter) if adapter else None
         lora = self._lora.get(adapter) if adapter and not merged else None
-        for i, layer in enumerate(merged or self.layers):
+        layers, head = merged or (self.layers, self.lm_head)
+        for i, layer in enumerate(layers):
             ad = lora[i] if lora else None
             y = self._norm(x, layer.norm1)
             qkv = layer.qkv(y)
@@ -289,4 +318,6 @@ class FastDecoder:
             if ad:
                 down = _Lora.apply(down, act, ad.down)
             x = x + down
-        return self.lm_head(self._norm(x, self.norm))
+        y = self._norm(x, self.norm)
+        logits = head(y)
+        return _Lora.apply(logits, y, self._head_lora.get(adapter)) if lora else logits
