@@ -21,7 +21,7 @@ import httpx
 SHORT_Q = "Tell me a long story about a lighthouse keeper and a storm."
 
 
-def _long_messages(render, tokens: int) -> list[dict]:
+def long_messages(render, tokens: int) -> list[dict]:
     """A system prompt of numbered notes, about `tokens` long once rendered, led by a nonce so
     neither server has it cached."""
     nonce = uuid.uuid4().hex[:8]
@@ -63,7 +63,7 @@ async def compare(call, render, clawrl_url: str, other_url: str, contexts: list[
                 r = await call(client, [{"role": "user", "content": SHORT_Q}], max_tokens=tokens)
                 rows["short"][side].append({"decode_tok_s": _rate(r)})
             for c in contexts:
-                msgs = _long_messages(render, c)
+                msgs = long_messages(render, c)
                 for side, client in sides.items():
                     say(f"--against rep {rep + 1}/{reps}: {c}-token prompt on {side} (cold)")
                     cold = await call(client, msgs, max_tokens=tokens)

@@ -41,6 +41,7 @@ import clawrl.engines
 from clawrl.types import GenParams
 
 sys.path.insert(0, str(Path(__file__).parent))
+from against import long_messages  # noqa: E402
 from common import emit  # noqa: E402
 
 SHORT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper and a storm."}]
@@ -48,19 +49,6 @@ SHORT = [{"role": "user", "content": "Tell me a long story about a lighthouse ke
 
 def say(msg: str) -> None:
     print(f"[decode] {msg}", file=sys.stderr, flush=True)
-
-
-def long_prompt(engine, tokens: int) -> list[dict]:
-    """A system prompt of varied numbered notes, about `tokens` long once rendered."""
-    def msgs(n):
-        notes = "\n".join(f"Note {i}: the {('north', 'east', 'south', 'west')[i % 4]} shed holds "
-                          f"{i * 37 % 101} crates of item {i * 13 % 97}." for i in range(n))
-        return [{"role": "system", "content": "Inventory notes.\n" + notes},
-                {"role": "user", "content": "Summarise what the north shed holds."}]
-    n = max(1, tokens // 25)
-    for _ in range(4):
-        n = max(1, round(n * tokens / len(engine.render(msgs(n), None))))
-    return msgs(n)
 
 
 async def stream(engine, messages: list[dict], tokens: int, adapter: int | None) -> dict:
@@ -115,7 +103,7 @@ async def child(args) -> dict:
     if not (adapter_dir / "adapter_config.json").exists():
         torch.manual_seed(0)
         write_adapter(engine.cfg, engine.base_model, adapter_dir)
-    long_msgs = long_prompt(engine, args.context)
+    long_msgs = long_messages(lambda m: engine.render(m, None), args.context)
     out: dict = {"decode": engine.decode_path,
                  "dtype": str(engine.dtype).removeprefix("torch."),
                  "threads": engine.cfg.engine.threads or os.cpu_count()}

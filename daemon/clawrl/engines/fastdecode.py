@@ -161,8 +161,6 @@ class _Lora:
     def _pack(modules, name: str):
         parts = []
         for m in modules:
-            if getattr(m, "use_dora", {}).get(name):
-                raise ValueError("a DoRA adapter has no fast decode step")
             if name in getattr(m, "lora_A", {}):
                 a, b = m.lora_A[name].weight.detach(), m.lora_B[name].weight.detach()
                 parts.append((a.float(), b.float() * float(m.scaling[name])))
@@ -289,6 +287,9 @@ class FastDecoder:
         merged = self._merged.get(adapter) if adapter else None
         lora = self._lora.get(adapter) if adapter and not merged else None
         layers, head = merged or (self.layers, self.lm_head)
+        first = cache.layers[0] if getattr(cache, "layers", None) else None
+        filled = first is not None and getattr(first, "keys", None) is not None and first.keys.numel()
+        kv_dtype = first.keys.dtype if filled else torch.float32   # the prefill's, else float32
         for i, layer in enumerate(layers):
             ad = lora[i] if lora else None
             y = self._norm(x, layer.norm1)
@@ -299,10 +300,7 @@ class FastDecoder:
             q = self._rotate(q.view(rows, h, 1, hd), cos, sin)
             k = self._rotate(k.view(rows, kvh, 1, hd), cos, sin)
             v = v.view(rows, kvh, 1, hd)
-            layer_cache = cache.layers[i]
-            dtype = layer_cache.keys.dtype if getattr(layer_cache, "keys", None) is not None \
-                and layer_cache.keys.numel() else q.dtype
-            keys, values = cache.update(k.to(dtype), v.to(dtype), i)
+            keys, values = cache.update(k.to(kv_dtype), v.to(kv_dtype), i)
             att = self._attend(q.to(keys.dtype), keys, values, starts).float().reshape(rows, h * hd)
             out = layer.o(att)
             if ad:
