@@ -190,6 +190,28 @@ class TrainConfig:
 
 
 @dataclass
+class ConsolidateConfig:
+    when: str = _f("off", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
+                   '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`)')
+    idle_minutes: float = _f(60.0, "with when = idle: minutes without a request first", minimum=1.0)
+    min_new: int = _f(50, "judged turns that must have arrived since the last consolidation before "
+                      "a scheduled one runs", minimum=1)
+    window: int = _f(500, "the newest judged (+1 or -1) turns a consolidation trains on", minimum=2)
+    method: str = _f("kto", "kto: TRL's KTOTrainer on +1 (desirable) and -1 (undesirable) turns",
+                     choices=("kto",))
+    epochs: float = _f(1.0, "passes over the window", minimum=0.01)
+    lr: float = _f(5e-5, "learning rate of the fresh LoRA", minimum=0.0)
+    beta: float = _f(0.1, "KTO's beta: how far the adapter may move from the base model",
+                     minimum=0.0)
+    batch_size: int = _f(8, "turns per optimizer step (KTO's KL estimate needs at least 2)",
+                         minimum=2)
+    max_prompt_tokens: int = _f(256, "prompt tokens kept per turn (the most recent)", minimum=16)
+    max_completion_tokens: int = _f(256, "answer tokens kept per turn (the first)", minimum=8)
+    threads: int = _f(2, "torch threads while it runs (it runs when serving is quiet, at low "
+                      "priority)", minimum=1)
+
+
+@dataclass
 class StoreConfig:
     path: str = _f("", "SQLite file; empty = $CLAWRL_HOME/clawrl.db")
     retention_days: float = _f(0.0, "delete turns older than this many days once the judge and the "
@@ -217,6 +239,7 @@ class Config:
     skills: SkillsConfig = field(default_factory=SkillsConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     opd: OpdConfig = field(default_factory=OpdConfig)
+    consolidate: ConsolidateConfig = field(default_factory=ConsolidateConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     home: Path = field(default_factory=lambda: Path("~/.clawrl").expanduser())
     recipe: Path | None = None
@@ -363,6 +386,7 @@ def _check(cfg: Config) -> None:
     for i, pattern in enumerate(cfg.privacy.redact_patterns):
         if why := check_pattern(pattern):
             raise ConfigError(f"privacy.redact_patterns[{i}] = {pattern!r}: {why}; fix or remove it")
+    _check_schedule(cfg)
     if cfg.engine.kind == "tinker":
         _check_tinker(cfg)
     gpus = train_gpu_count(cfg)
@@ -372,6 +396,27 @@ def _check(cfg: Config) -> None:
                           "train.processes = 0 (one per GPU)")
     if cfg.engine.kind in ("sglang", "vllm"):
         _check_server_engine(cfg)
+
+
+def consolidate_schedule(when: str) -> tuple[str, tuple[int, int] | None]:
+    """consolidate.when as ("off" | "idle" | "daily", (hour, minute) for daily)."""
+    parts = when.split()
+    if parts in (["off"], ["idle"]):
+        return parts[0], None
+    if len(parts) == 2 and parts[0] == "daily":
+        hour, _, minute = parts[1].partition(":")
+        if hour.isdigit() and minute.isdigit() and int(hour) < 24 and int(minute) < 60:
+            return "daily", (int(hour), int(minute))
+    raise ConfigError(f"consolidate.when = {when!r} is not a schedule; use \"idle\", "
+                      "\"daily HH:MM\" (24-hour local time, e.g. \"daily 03:30\") or \"off\"")
+
+
+def _check_schedule(cfg: Config) -> None:
+    kind, _ = consolidate_schedule(cfg.consolidate.when)
+    if kind != "off" and cfg.engine.kind == "tinker":
+        raise ConfigError(f"consolidate.when = {cfg.consolidate.when!r} with engine.kind = \"tinker\": "
+                          "consolidation trains a local PEFT adapter, which Tinker cannot serve; set "
+                          "consolidate.when = \"off\"")
 
 
 # Tinker's LoRA trains whole layer groups (create_lora_training_client: train_attn, train_mlp,

@@ -221,8 +221,10 @@ class Swapper(BackgroundLoop):
             except (OSError, json.JSONDecodeError):
                 meta = {}
             versions.append({"version": v, "parent": meta.get("parent"),
-                             "samples": len(meta.get("samples", [])), "loss": meta.get("loss"),
+                             "samples": len(meta.get("samples") or meta.get("consolidated") or []),
+                             "method": meta.get("method"), "loss": meta.get("loss"),
                              "created_at": meta.get("created_at"),
                              "rejected": adapters.rejection(self.root, v),
                              "loaded": v in self.engine.loaded_adapters})
-        return {"active": self.engine.adapter_version, "versions": versions, "events": self.events[-20:]}
+        return {"active": self.engine.adapter_version, "versions": versions, "events": self.events[-20:],
+                "consolidation": adapters.read_consolidation(self.root)}

@@ -284,3 +284,22 @@ def read_events(root: Path, n: int) -> list[dict]:
         if isinstance(event, dict):
             out.append(event)
     return out
+
+
+CONSOLIDATION = "CONSOLIDATION.json"   # the current or last consolidation (learn/consolidate.py)
+
+
+def read_consolidation(root: Path) -> dict | None:
+    """The consolidation run's progress: state, step, steps, loss curve, version, message."""
+    try:
+        status = json.loads((root / CONSOLIDATION).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def write_consolidation(root: Path, status: dict) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{CONSOLIDATION}.tmp"
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, root / CONSOLIDATION)

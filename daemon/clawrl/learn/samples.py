@@ -186,3 +186,26 @@ def next_batch(db: sqlite3.Connection, method: str, size: int) -> list[Sample] |
         return None
     samples = load_samples(db, ready[:size])
     return samples if len(samples) == size else None
+
+
+JUDGED = ("trainable=1 AND status='complete' AND coalesce(feedback_reward, judge_score) IS NOT NULL"
+          " AND coalesce(feedback_reward, judge_score) <> 0")   # +1 or -1, by the judge or the user
+
+
+def judged_window(db: sqlite3.Connection, size: int) -> list:
+    """The newest `size` judged (+1 or -1) trainable turns, oldest first, whatever the online
+    trainer did with them: what consolidation learns from. Opted-out and secret-holding turns are
+    not trainable, and forgotten ones are gone, so neither is ever read here."""
+    rows = db.execute(f"SELECT id, user_id, prompt_ids, response_ids, feedback_reward, judge_score"
+                      f" FROM turns WHERE {JUDGED} ORDER BY id DESC LIMIT ?", (size,)).fetchall()
+    return rows[::-1]
+
+
+def judged_since(db: sqlite3.Connection, after_id: int) -> int:
+    """How many judged turns have a larger id than `after_id`."""
+    return db.execute(f"SELECT count(*) FROM turns WHERE {JUDGED} AND id > ?", (after_id,)).fetchone()[0]
+
+
+def last_request_at(db: sqlite3.Connection) -> float | None:
+    """When the newest turn (of any kind) began: the last time anyone used the daemon."""
+    return db.execute("SELECT max(created_at) FROM turns").fetchone()[0]

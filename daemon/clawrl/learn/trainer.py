@@ -34,6 +34,7 @@ from .. import models  # noqa: E402
 from .advantages import (guard_empty, method_advantages, ppo_loss, topk_distill_loss,  # noqa: E402
                          truncated_is_weights)
 from ..config import Config, load_config  # noqa: E402
+from .consolidate import between_steps  # noqa: E402
 from .distributed import Group, daemon_pid  # noqa: E402
 from .remote_teacher import TeacherUnavailable, remote_teacher  # noqa: E402
 from .samples import (Sample, connect, log, mark_skipped, next_batch, store_teacher, take_over)  # noqa: E402
@@ -364,6 +365,9 @@ def run_once(cfg: Config) -> int | None:
         trainer.close()
 
 
+SCHEDULE_S = 30.0   # how often the trainer asks whether a scheduled consolidation is due
+
+
 def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     """Train whenever enough samples are ready; return when `stop` is set or on SIGTERM/SIGINT.
     A step under way when that happens is abandoned: no partial version is ever written."""
@@ -385,6 +389,7 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
     if parent:
         os.nice(10)   # started by the daemon: serving comes first on a shared CPU
     group = trainer.group
+    next_schedule = 0.0
     try:
         while not stop.is_set():
             if parent and daemon_pid(group) != parent:
@@ -395,6 +400,13 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
             except sqlite3.OperationalError as e:   # e.g. locked past busy_timeout: try again
                 log(f"turn log busy ({e}); retrying")
                 version = None
+            if version is None and trainer.lead and not group.active:
+                # No batch: the quiet moment a requested or scheduled consolidation runs in (the
+                # schedule is read every SCHEDULE_S, a request at every poll).
+                scheduled = time.monotonic() >= next_schedule
+                if scheduled:
+                    next_schedule = time.monotonic() + SCHEDULE_S
+                version = between_steps(cfg, trainer.db, trainer.root, stop, say, scheduled)
             if version is None:
                 stop.wait(cfg.train.poll_s)
     finally:

@@ -158,6 +158,11 @@ def _daemon_call(cfg, method: str, path: str, **kw) -> dict:
     return r.json()
 
 
+def cmd_consolidate(args) -> int:
+    from .consolidate import main
+    return main(args, _config(args))
+
+
 def cmd_adapters(args) -> int:
     cfg = _config(args)
     if args.action == "activate":
@@ -337,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-tokens", type=int, default=256, help="reply budget (default 256)")
     sp.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     add("train", cmd_train, "run the trainer in the foreground (the daemon normally starts it)")
+    sp = add("consolidate", cmd_consolidate,
+             "train a fresh adapter from the newest judged turns with TRL's KTO (what the "
+             "recipe's [consolidate] schedule runs in quiet hours); the daemon serves it like any version")
+    from .consolidate import add_arguments as add_consolidate_arguments
+    add_consolidate_arguments(sp)
     sp = add("adapters", cmd_adapters, "list adapter versions, activate one, or roll back "
                                        "(talks to the running daemon)")
     sp.add_argument("action", nargs="?", default="list", choices=("list", "activate", "rollback"))

@@ -1,0 +1,206 @@
+"""Consolidation with TRL's KTOTrainer, on a real turn log with answers the real model served.
+
+It trains a fresh adapter that raises the answers judged +1 and lowers those judged -1; the result
+is a complete version with TRL's loss curve; opted-out and forgotten turns are never read; a
+window that cannot teach is refused with a reason and writes nothing; SIGTERM mid-run writes
+nothing, and a SIGKILL leaves only a staging folder that the next trainer start removes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from clawrl.adapters import versions as adapters
+from clawrl.config import load_config
+from clawrl.errors import ConfigError
+from clawrl.learn import consolidate
+from clawrl.learn.samples import connect
+from clawrl.turnlog.forget import forget
+from test_trainer import TurnLog, adapter_model, lm, score, served, wait_line  # noqa: F401
+
+pytestmark = pytest.mark.model
+
+QUESTIONS = ["What is the capital of France?", "Say hello.", "Name a primary color.",
+             "What is 2 + 2?", "Name a fruit.", "What day comes after Monday?"]
+# Fast KTO for a test: a few steps that must visibly move the answers.
+FAST = {"consolidate_lr": "2e-3", "consolidate_epochs": "4", "consolidate_batch_size": "4",
+        "consolidate_max_completion_tokens": "32"}
+
+
+def judged_log(lm, tmp_path, **env) -> tuple[TurnLog, dict[int, bool]]:
+    """Each question twice: the greedy answer the model served, judged -1, and a short answer
+    written for it, judged +1 (as if the user had said "just the answer")."""
+    log = TurnLog(tmp_path, **{**FAST, **env})
+    tok = lm[0]
+    labels = {}
+    for q, short in zip(QUESTIONS, ["Paris.", "Hello!", "Red.", "4.", "Apple.", "Tuesday."]):
+        bad = served(lm, q)
+        good = {**bad, "text": short, "logprobs": None,
+                "response_ids": tok.encode(short) + [tok.convert_tokens_to_ids("<|im_end|>")]}
+        labels[log.add(bad, judge_score=-1)] = False
+        labels[log.add({**good, "logprobs": []}, judge_score=1)] = True
+    return log, labels
+
+
+def total_logp(model, row: dict) -> float:
+    return float(score(model, json.loads(row["prompt_ids"]), json.loads(row["response_ids"])).sum())
+
+
+def test_kto_raises_the_good_answers_lowers_the_bad_and_writes_a_version(lm, tmp_path):
+    log, labels = judged_log(lm, tmp_path)
+    opted_out = log.add(served(lm, "Tell me a secret."), judge_score=1, trainable=0)
+    other = log.add(served(lm, "What is the capital of Spain?"), judge_score=-1, user_id="v")
+    db = connect(log.cfg.db_path)
+    forget(log.cfg.db_path, user="v")    # a forgotten turn is never consolidated
+    before = log.rows()
+    version = consolidate.run(log.cfg, db, log.cfg.adapters_dir, threading.Event())
+    db.close()
+
+    assert version == 1
+    meta = log.metas()[1]
+    assert meta["method"] == consolidate.METHOD and meta["parent"] is None
+    assert meta["consolidated"] == sorted(labels) and opted_out not in meta["consolidated"]
+    assert other not in meta["consolidated"]
+    assert meta["window"]["desirable"] == meta["window"]["undesirable"] == len(QUESTIONS)
+    assert meta["samples"] == [] and meta["steps"] >= 4 and len(meta["loss_curve"]) == meta["steps"]
+    assert meta["trl"] and all(isinstance(x, float) for x in meta["loss_curve"])
+    root = log.cfg.adapters_dir
+    assert adapters.weights_problem(adapters.version_dir(root, 1)) is None
+    assert not list(root.glob(".tmp-*"))
+    # No turn changed state: the online trainer still owns what it has not trained.
+    after = log.rows()
+    assert all(after[i]["train_status"] == before[i]["train_status"] for i in labels)
+    status = adapters.read_consolidation(root)
+    assert status["state"] == "done" and status["version"] == 1 and status["step"] == meta["steps"]
+
+    # What KTO is for: the desirable answers gain against the base, the undesirable ones lose.
+    tuned = adapter_model(log.home, 1)
+    base = lm[1]
+    moved = {i: total_logp(tuned, after[i]) - total_logp(base, after[i]) for i in labels}
+    good = [d for i, d in moved.items() if labels[i]]
+    bad = [d for i, d in moved.items() if not labels[i]]
+    assert sum(good) / len(good) > 0.5, moved
+    assert sum(bad) / len(bad) < -0.5, moved
+
+
+def test_a_window_that_cannot_teach_is_refused_and_writes_nothing(lm, tmp_path):
+    log = TurnLog(tmp_path)
+    root = log.cfg.adapters_dir
+    db = connect(log.cfg.db_path)
+    with pytest.raises(consolidate.NothingToConsolidate, match="no judged turns"):
+        consolidate.run(log.cfg, db, root, threading.Event())
+    log.add(served(lm, QUESTIONS[0]), judge_score=0)          # read, but no evidence: not judged
+    for q in QUESTIONS[:3]:
+        log.add(served(lm, q), judge_score=1)
+    with pytest.raises(consolidate.NothingToConsolidate, match=r"all 3 judged turns .* \+1"):
+        consolidate.run(log.cfg, db, root, threading.Event())
+    db.close()
+    assert adapters.list_versions(root) == [] and not list(root.glob(".tmp-*"))
+    status = adapters.read_consolidation(root)
+    assert status["state"] == "refused" and "KTO" in status["message"]
+
+
+def test_schedule_idle_and_daily(lm, tmp_path):
+    log = TurnLog(tmp_path, consolidate_when="idle", consolidate_idle_minutes="10",
+                  consolidate_min_new="2")
+    root = log.cfg.adapters_dir
+    db = connect(log.cfg.db_path)
+    now = time.time()
+    assert consolidate.due(log.cfg, db, root, now) is None            # nothing judged yet
+    log.add(served(lm, QUESTIONS[0]), judge_score=1, created_at=now - 3600)
+    assert consolidate.due(log.cfg, db, root, now) is None            # one is fewer than min_new
+    last = log.add(served(lm, QUESTIONS[1]), judge_score=-1, created_at=now - 300)
+    assert consolidate.due(log.cfg, db, root, now) is None            # used 5 minutes ago
+    assert "no request for 15 minutes" in consolidate.due(log.cfg, db, root, now + 600)
+    # Once a run has covered these turns (or was refused on them), they do not call for another.
+    adapters.write_consolidation(root, {"state": "refused", "last_id": last, "started_at": now})
+    assert consolidate.due(log.cfg, db, root, now + 600) is None
+
+    daily = load_config(env={**log.env, "CLAWRL_CONSOLIDATE_WHEN": "daily 03:30",
+                             "CLAWRL_CONSOLIDATE_MIN_NEW": "1"})
+    log.add(served(lm, QUESTIONS[2]), judge_score=1, created_at=now)
+    import datetime as dt
+    day = dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    at = day.replace(hour=3, minute=30).timestamp()
+    adapters.write_consolidation(root, {"state": "refused", "last_id": last, "started_at": at - 86400})
+    assert consolidate.due(daily, db, root, at - 60) is None           # not yet 03:30
+    assert "daily run at 03:30" in consolidate.due(daily, db, root, at + 60)
+    adapters.write_consolidation(root, {"state": "done", "last_id": last, "started_at": at + 10})
+    assert consolidate.due(daily, db, root, at + 60) is None           # it ran today already
+    db.close()
+    for bad in ("sometimes", "daily 25:00", "daily 3", "idle now"):
+        with pytest.raises(ConfigError, match="consolidate.when"):
+            load_config(env={**log.env, "CLAWRL_CONSOLIDATE_WHEN": bad})
+
+
+def start_trainer(log: TurnLog) -> subprocess.Popen:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}, **log.env}
+    return subprocess.Popen([sys.executable, "-m", "clawrl.learn.trainer"], env=env, text=True,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+
+def test_sigterm_mid_run_writes_nothing_and_sigkill_leaves_only_staging(lm, tmp_path):
+    # The online trainer has nothing to do (method rl, every turn already trained), so it takes
+    # the request that `clawrl consolidate` leaves for a running trainer.
+    log, labels = judged_log(lm, tmp_path, method_name="rl", consolidate_epochs="50")
+    db = connect(log.cfg.db_path)
+    db.execute("UPDATE turns SET train_status='trained'")
+    db.close()
+    root = log.cfg.adapters_dir
+    rid = consolidate.request(root)
+    proc = start_trainer(log)
+    wait_line(proc, "consolidating 12 judged turns", timeout=300)
+    deadline = time.time() + 300
+    while (adapters.read_consolidation(root) or {}).get("step", 0) < 1 and time.time() < deadline:
+        time.sleep(0.5)
+    assert list(root.glob(".tmp-consolidate-*")), "TRL's staging folder"
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 0, rest
+    assert "stopped during consolidation" in rest
+    assert adapters.list_versions(root) == [] and not list(root.glob(".tmp-*"))
+    status = adapters.read_consolidation(root)
+    assert status["state"] == "stopped" and status["request"] == rid
+
+    consolidate.request(root)
+    proc = start_trainer(log)
+    wait_line(proc, "consolidating 12 judged turns", timeout=300)
+    time.sleep(2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert adapters.list_versions(root) == []
+    assert list(root.glob(".tmp-consolidate-*"))   # what a crash leaves: the staging folder
+    proc = start_trainer(log)                      # the next start cleans it
+    wait_line(proc, "watching", timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert not list(root.glob(".tmp-*")) and adapters.list_versions(root) == []
+    assert all(r["train_status"] == "trained" for r in log.rows().values())
+
+
+def test_cli_dry_run_and_a_run_on_a_stopped_daemon(lm, tmp_path):
+    log, labels = judged_log(lm, tmp_path, consolidate_epochs="1")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}, **log.env}
+    cli = [sys.executable, "-m", "clawrl", "consolidate"]
+    out = subprocess.run(cli + ["--dry-run"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "12 judged turns (of at most 500): 6 good, 6 bad" in out.stdout
+    assert "it would train a fresh adapter" in out.stdout and "schedule: off" in out.stdout
+    assert adapters.list_versions(log.cfg.adapters_dir) == []
+
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "version 0001 written" in out.stdout
+    assert "consolidating [" in out.stderr and "step 3/3" in out.stderr   # the progress bar
+    assert adapters.read_meta(log.cfg.adapters_dir, 1)["method"] == consolidate.METHOD
+
+    few = subprocess.run(cli + ["--window", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert few.returncode == 2 and "at least 2" in few.stderr
