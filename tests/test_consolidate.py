@@ -16,7 +16,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from clawrl.adapters import versions as adapters
 from clawrl.config import load_config
@@ -204,3 +203,67 @@ def test_cli_dry_run_and_a_run_on_a_stopped_daemon(lm, tmp_path):
 
     few = subprocess.run(cli + ["--window", "1"], env=env, capture_output=True, text=True, timeout=60)
     assert few.returncode == 2 and "at least 2" in few.stderr
+
+
+def test_through_a_running_daemon_the_consolidated_version_is_swapped_in_with_no_refusal(tmp_path):
+    """Real traffic, explicit feedback, then `clawrl consolidate` while a daemon serves: its
+    trainer takes the request, the daemon's guard and canary pass the version, it goes live
+    between two requests, and nothing is refused meanwhile."""
+    import httpx
+
+    from conftest import Daemon, make_home
+    home = make_home(tmp_path / "home")
+    # The online trainer waits for 1,000 turns: only the consolidation writes a version here.
+    d = Daemon(home, env={"CLAWRL_TRAIN_ENABLED": "true", "CLAWRL_TRAIN_BATCH_SIZE": "1000",
+                          "CLAWRL_TRAIN_POLL_S": "0.2", **{f"CLAWRL_{k.upper()}": v for k, v in FAST.items()},
+                          "CLAWRL_CONSOLIDATE_EPOCHS": "1"}).start()
+    statuses: list[int] = []
+    try:
+        for i, q in enumerate(QUESTIONS + [q + " Be brief." for q in QUESTIONS]):
+            r = httpx.post(f"{d.url}/v1/chat/completions", timeout=120, headers={"X-Session-Id": f"s{i}"},
+                           json={"model": "m", "max_tokens": 12, "temperature": 0,
+                                 "messages": [{"role": "user", "content": q}]})
+            assert r.status_code == 200, r.text
+            turn = int(r.headers["x-clawrl-turn-id"])
+            f = httpx.post(f"{d.url}/v1/feedback", timeout=30,
+                           json={"session_id": f"s{i}", "turn_id": turn, "reward": 1 if i % 2 else -1})
+            assert f.status_code == 200, f.text
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")},
+               **{k: v for k, v in d.env.items() if k.startswith("CLAWRL_")}}
+        cli = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        done = threading.Event()
+
+        def traffic():   # requests all through the run and the swap
+            while not done.is_set():
+                r = httpx.post(f"{d.url}/v1/chat/completions", timeout=300,
+                               json={"model": "m", "max_tokens": 24, "temperature": 0.7,
+                                     "messages": [{"role": "user", "content": "Tell me about herons."}]})
+                statuses.append(r.status_code)
+
+        t = threading.Thread(target=traffic)
+        t.start()
+        out, err = cli.communicate(timeout=900)
+        assert cli.returncode == 0, err
+        assert "asked the running trainer" in err and "version 0001" in out
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            info = httpx.get(f"{d.url}/v1/adapters", timeout=10).json()
+            if info["active"] == 1:
+                break
+            time.sleep(0.3)
+        done.set()
+        t.join(timeout=300)
+        assert info["active"] == 1, info
+        assert info["consolidation"]["state"] == "done" and info["consolidation"]["version"] == 1
+        v1 = next(v for v in info["versions"] if v["version"] == 1)
+        assert v1["method"] == consolidate.METHOD and v1["samples"] == 12 and not v1["rejected"]
+        r = httpx.post(f"{d.url}/v1/chat/completions", timeout=120,
+                       json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
+        assert d.wait_turn(int(r.headers["x-clawrl-turn-id"]))["adapter_version"] == 1
+        assert statuses and set(statuses) == {200}, statuses
+    finally:
+        done_set = locals().get("done")
+        if done_set is not None:
+            done_set.set()
+        d.stop()

@@ -209,3 +209,36 @@ def test_rows_name_their_judge_only_when_judges_are_compared():
     table = "\n".join(persona_table(runs, "p"))
     assert "| combine (probe judge) | 0.50 ± 0.00 | 1 |" in table
     assert "| combine (rules judge) | rules | 1.00 | 0.00 | 0.00 | 0.00 | 0 |" in table
+
+
+def test_consolidate_at_runs_the_method_again_with_a_consolidation_on_the_same_seed(tmp_path):
+    """`--consolidate-at 2`: beside the rl run, an rl+consolidate run whose checkpoint at 2 has
+    the daemon's trainer consolidate the judged turns (one thanked, one corrected) and serves the
+    result before it measures."""
+    persona = tmp_path / "half.py"
+    persona.write_text(PERSONA.replace('NAME = "shouty"', 'NAME = "half"').replace(
+        'return 1.0 if response.strip().endswith("!") else 0.0',
+        'return 1.0 if prompt == "Say hello." else 0.0'))
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "CLAWRL_HOME": str(tmp_path / "home"), "CLAWRL_TRAIN_POLL_S": "0.2",
+           "CLAWRL_CONSOLIDATE_BATCH_SIZE": "2", "CLAWRL_CONSOLIDATE_MAX_COMPLETION_TOKENS": "16"}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
+    r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),
+                        "--methods", "rl", "--judge", "rules", "--seeds", "1", "--interactions", "2",
+                        "--checkpoints", "0", "--consolidate-at", "2", "--heldout", "2",
+                        "--no-control", "--out", str(out), "--work", str(work)],
+                       env=env, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    runs = {run["method"]: run for run in json.loads((out / "results.json").read_text())["runs"]}
+    assert set(runs) == {"rl", "rl+consolidate"}
+    assert "consolidation done" in r.stderr
+    plain, both = runs["rl"], runs["rl+consolidate"]
+    assert [p["interactions"] for p in both["points"]] == [0, 2]
+    assert both["train_scores"] == plain["train_scores"]          # the same seed: the same prompts
+    last = both["points"][-1]
+    assert last["consolidated"] >= 2 and last["adapter"] == last["consolidated"]   # after 2 online
+    assert "consolidated" not in plain["points"][-1]
+    meta = json.loads((work / "half-rl+consolidate-0" / "adapters" / f"{last['consolidated']:04d}"
+                       / "meta.json").read_text())
+    assert meta["method"] == "consolidate-kto" and meta["window"]["size"] == 2

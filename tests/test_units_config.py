@@ -541,3 +541,25 @@ def test_a_failing_migration_leaves_no_partial_schema(db, monkeypatch):
         migrations.apply(db)
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "half_done" not in tables
+
+
+@pytest.mark.parametrize("when,kind,at", [("off", "off", None), ("idle", "idle", None),
+                                          ("daily 03:30", "daily", (3, 30)),
+                                          ("daily 23:59", "daily", (23, 59))])
+def test_consolidate_schedules_that_parse(when, kind, at):
+    assert config_mod.consolidate_schedule(when) == (kind, at)
+    assert load_config(env={"CLAWRL_CONSOLIDATE_WHEN": when}).consolidate.when == when
+
+
+@pytest.mark.parametrize("when", ["sometimes", "daily", "daily 24:00", "daily 3:60", "daily 3",
+                                  "idle 5", "", "DAILY 03:30"])
+def test_a_bad_consolidate_schedule_names_the_three_forms(when):
+    with pytest.raises(ConfigError, match=r"consolidate.when .*\"idle\", \"daily HH:MM\""):
+        load_config(env={"CLAWRL_CONSOLIDATE_WHEN": when})
+
+
+def test_consolidation_is_refused_with_tinker():
+    env = {"CLAWRL_ENGINE_KIND": "tinker", "CLAWRL_MODEL_SOURCE": "tinker",
+           "CLAWRL_CONSOLIDATE_WHEN": "idle"}
+    with pytest.raises(ConfigError, match="Tinker cannot serve"):
+        load_config(env=env)

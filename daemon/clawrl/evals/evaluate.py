@@ -49,7 +49,8 @@ WAITING_SQL = f"SELECT count(*) FROM turns WHERE {AWAITING_JUDGE}"
 
 # Set by the eval for each run (its own server, the method and judge under test): not the user's.
 EVAL_SET = ("CLAWRL_SERVER_", "CLAWRL_JUDGE_BACKEND", "CLAWRL_TRAIN_ENABLED", "CLAWRL_METHOD_NAME",
-            "CLAWRL_SKILLS_ENABLED")
+            "CLAWRL_SKILLS_ENABLED", "CLAWRL_CONSOLIDATE_WHEN")
+CONSOLIDATED = "+consolidate"   # the label suffix of a run that also consolidates (--consolidate-at)
 
 
 SECRET_KEYS = ("api_key", "token", "secret", "password")
@@ -85,7 +86,9 @@ class Child:
         self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
                     "CLAWRL_SERVER_HOST": "127.0.0.1", "CLAWRL_SERVER_API_KEY": "",
                     # A simulated user's skills must not reach the real OpenClaw workspace.
-                    "CLAWRL_SKILLS_ENABLED": "false", **env}
+                    "CLAWRL_SKILLS_ENABLED": "false",
+                    # Consolidation runs only where the eval asks for it (--consolidate-at).
+                    "CLAWRL_CONSOLIDATE_WHEN": "off", **env}
         if recipe:
             self.env["CLAWRL_RECIPE"] = recipe
         self.proc: subprocess.Popen | None = None
@@ -152,6 +155,20 @@ class Child:
                                   f"{self.count(WAITING_SQL)}, untrained: {self.count(READY_SQL)}, "
                                   f"live {adapters['active']}, newest {newest})")
             time.sleep(0.5)
+
+
+    def consolidate(self, timeout: float) -> dict:
+        """Ask the daemon's trainer to consolidate now and wait for the outcome (its status)."""
+        from ..adapters.versions import read_consolidation
+        from ..learn.consolidate import request
+        root = self.home / "adapters"
+        rid, deadline = request(root), time.time() + timeout
+        while time.time() < deadline:
+            status = read_consolidation(root) or {}
+            if status.get("request") == rid and status.get("state") not in (None, "running"):
+                return status
+            time.sleep(1.0)
+        raise ClawrlError(f"consolidation did not finish within {timeout:.0f} s")
 
 
 def chat(client: httpx.Client, url: str, messages: list[dict], session: str, max_tokens: int,
@@ -261,12 +278,13 @@ def until_holds(satisfied: list[bool], streak: int = 3) -> int | None:
 
 def run(persona: Persona, *, method: str | None, judge: str, seed: int, interactions: int,
         checkpoints: list[int], n_heldout: int, home: Path, models: Path, recipe: str | None,
-        settle_timeout: float, progress=print) -> dict:
-    """One run; method None is the no-train control."""
+        settle_timeout: float, progress=print, consolidate_at: tuple[int, ...] = ()) -> dict:
+    """One run; method None is the no-train control. At the checkpoints in `consolidate_at` the
+    run first has the daemon consolidate (a fresh adapter from the whole log) and serves it."""
     env = {"CLAWRL_JUDGE_BACKEND": judge, "CLAWRL_TRAIN_ENABLED": "false" if method is None else "true"}
     if method:
         env["CLAWRL_METHOD_NAME"] = method
-    label = method or "no-train"
+    label = (method or "no-train") + (CONSOLIDATED if consolidate_at else "")
     child = Child(home, models, env, recipe).start()
     rng = random.Random(seed)
     order = persona.train_prompts[:]
@@ -284,8 +302,16 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
                     progress(f"{persona.name}/{label}/seed {seed}: interaction {done}/{interactions} "
                              f"scored {train_scores[-1]:.2f}")
                 version = child.settle(settle_timeout) if method else 0
+                consolidated = None
+                if method and done in consolidate_at:
+                    status = child.consolidate(settle_timeout)
+                    consolidated = status.get("version")
+                    progress(f"{persona.name}/{label}/seed {seed}: consolidation {status['state']}: "
+                             f"{status.get('message')}")
+                    version = child.settle(settle_timeout)
                 h = heldout(child, persona, n_heldout, seed)
                 points.append({"interactions": done, "adapter": version, "wall_s": time.time() - t0,
+                               **({"consolidated": consolidated} if consolidated else {}),
                                **{k: h[k] for k in ("score", "empty", "degenerate", "samples")}})
                 progress(f"{persona.name}/{label}/seed {seed}: after {done} interactions held-out "
                          f"score {h['score']:.3f} (adapter {version}, {time.time() - t0:.0f} s)")
@@ -311,17 +337,21 @@ def main(args, cfg) -> int:
     from . import report as eval_report, personas
     methods = [m for m in args.methods.split(",") if m]
     args.judge = args.judge or cfg.judge.backend
-    checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.interactions})
+    consolidate_at = tuple(sorted({int(c) for c in (args.consolidate_at or "").split(",") if c}))
+    checkpoints = sorted({int(c) for c in args.checkpoints.split(",")} | {args.interactions}
+                         | set(consolidate_at))
     work = Path(args.work or tempfile.mkdtemp(prefix="clawrl-eval-"))
     loaded = [personas.load(name) for name in args.persona]   # fail on a bad file before any run
-    plan = [(p, m, s) for p in loaded for s in range(args.seeds)
-            for m in ([None] if args.control else []) + methods]
+    # With --consolidate-at, each method also runs with consolidation, on the same seeds.
+    plan = [(p, m, s, c) for p in loaded for s in range(args.seeds)
+            for m, c in ([(None, ())] if args.control else []) + [(m, ()) for m in methods]
+            + ([(m, consolidate_at) for m in methods] if consolidate_at else [])]
     command = "clawrl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     runs = eval_report.finished(Path(args.out)) if args.resume else []
     done = {(r["persona"], r["method"], r["seed"]) for r in runs}
     written, failed = [], 0
-    for i, (persona, method, seed) in enumerate(plan, 1):
-        label = method or "no-train"
+    for i, (persona, method, seed, at) in enumerate(plan, 1):
+        label = (method or "no-train") + (CONSOLIDATED if at else "")
         if (persona.name, label, seed) in done:
             print(f"[{i}/{len(plan)}] {persona.name} {label} seed {seed}: done before, kept",
                   file=sys.stderr)
@@ -333,7 +363,8 @@ def main(args, cfg) -> int:
                             interactions=args.interactions, checkpoints=checkpoints,
                             n_heldout=args.heldout, home=home, models=cfg.models_dir,
                             recipe=args.recipe, settle_timeout=args.settle_timeout,
-                            progress=lambda msg: print(f"  {msg}", file=sys.stderr)))
+                            progress=lambda msg: print(f"  {msg}", file=sys.stderr),
+                            consolidate_at=at))
         except (ClawrlError, httpx.HTTPError, OSError) as e:
             # One broken run must not cost the hours of the others: record it and go on.
             failed += 1

@@ -14,8 +14,9 @@ turns the online trainer has not taken yet are still trained online, on top of t
 
 Where it runs: inside the trainer process (the one writer of the adapters folder) when the
 schedule says so (`due`) or when `clawrl consolidate` leaves a request file; without a running
-trainer the command runs it itself, holding the same lock. Progress goes to CONSOLIDATION.json (adapters.read_consolidation)
-in the adapters folder (the dashboard and `clawrl consolidate` read it). TRL writes into a staging
+trainer the command runs it itself, holding the same lock. Progress goes to CONSOLIDATION.json
+in the adapters folder (adapters.read_consolidation: the dashboard and `clawrl consolidate` read
+it). TRL writes into a staging
 folder `.tmp-consolidate-PID`, which a trainer start removes (adapters.clean_temp); the version
 itself is written by adapters.write_version (temp folder, then rename), so a crash or SIGTERM at
 any moment leaves no half-written version.
@@ -163,12 +164,25 @@ def due(cfg: Config, db: sqlite3.Connection, root: Path, now: float | None = Non
 
 def _kto_dataset(tokenizer, window: list[Example], cfg: Config):
     """TRL's unpaired preference format: prompt and completion text and a boolean label. The prompt
-    is the one served (the most recent max_prompt_tokens of it), as text: TRL tokenizes it."""
+    is the one served (the most recent max_prompt_tokens of it), as text: TRL tokenizes it.
+
+    TRL reads the rows in order (its KL estimate pairs each prompt with the answer before it in
+    the batch) and pads a batch to its longest row. So the rows are bucketed: sorted by length,
+    cut into batches, and the batches shuffled (seeded). A batch then holds rows of about one
+    length, and padding costs little."""
+    import random
+
     from datasets import Dataset
-    keep = cfg.consolidate.max_prompt_tokens
-    return Dataset.from_list([{
-        "prompt": tokenizer.decode(e.prompt_ids[-keep:]),
-        "completion": tokenizer.decode(e.response_ids), "label": e.desirable} for e in window])
+    c = cfg.consolidate
+    rows = [{"prompt": tokenizer.decode(e.prompt_ids[-c.max_prompt_tokens:]),
+             "completion": tokenizer.decode(e.response_ids), "label": e.desirable,
+             "length": min(len(e.prompt_ids), c.max_prompt_tokens)
+             + min(len(e.response_ids), c.max_completion_tokens)} for e in window]
+    rows.sort(key=lambda r: r["length"])
+    batches = [rows[i:i + c.batch_size] for i in range(0, len(rows), c.batch_size)]
+    random.Random(0).shuffle(batches)
+    return Dataset.from_list([{k: r[k] for k in ("prompt", "completion", "label")}
+                              for b in batches for r in b])
 
 
 def _weights(window: list[Example]) -> float:

@@ -377,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--checkpoints", default="0,12,24,36",
                     help="held-out measurements after these many interactions (default 0,12,24,36)")
     sp.add_argument("--heldout", type=int, default=40, help="held-out prompts per checkpoint (default 40)")
+    sp.add_argument("--consolidate-at", metavar="N,M",
+                    help="also run each method with consolidation (`clawrl consolidate`) after these "
+                         "many interactions, on the same seeds, e.g. 36,72")
     sp.add_argument("--settle-timeout", type=float, default=600,
                     help="seconds to wait at a checkpoint for judge, trainer and swap (default 600)")
     sp.add_argument("--out", default="bench/out/eval", help="where results go (default bench/out/eval)")

@@ -1,0 +1,204 @@
+"""Consolidation benchmark: how long `clawrl consolidate` takes on N judged turns, and what serving
+keeps of its idle decode speed while it runs.
+
+The turn log is built for the run: N trainable main turns, each judged +1 or -1 (seeded, about
+half each). Their text is drawn from the feedback corpus (recipes/feedback/train.jsonl: things
+people write), rendered with the model's chat template, at the lengths of one of two shapes:
+  chat      prompts of 40 to 190 tokens, answers of 16 to 128: the range of the turns a
+            `clawrl eval` run records (means 69-83 and 23-36 tokens there)
+  openclaw  prompts of 40 to 1,000 tokens (consolidation keeps the last
+            consolidate.max_prompt_tokens of each, as it would of a 13k-token OpenClaw prompt)
+            and answers of 16 to 240
+The run itself is the real command, `clawrl consolidate`, in a child process: TRL's KTOTrainer at
+the recipe's settings.
+
+With `--serve`, a `clawrl serve` (no trainer, rules judge) on the same model measures streaming
+decode (200 tokens at temperature 0) idle, then again and again while consolidation runs, and
+reports the ratio of the medians.
+
+    .venv/bin/python bench/consolidate.py [--turns 500] [--shape chat|openclaw] [--serve]
+                                          [--out FILE] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / ".cache" / "models"
+
+
+def say(msg: str) -> None:
+    print(f"[consolidate-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def corpus_lines() -> list[str]:
+    return [json.loads(line)["text"] for line in
+            (REPO / "recipes" / "feedback" / "train.jsonl").read_text().splitlines() if line.strip()]
+
+
+SHAPES = {"chat": ((40, 190), (16, 128)), "openclaw": ((40, 990), (16, 240))}
+
+
+def build_log(home: Path, n: int, seed: int, shape: str) -> dict:
+    """A migrated turn log with `n` judged turns; returns their length statistics."""
+    from transformers import AutoTokenizer
+
+    from clawrl.turnlog import migrations
+    tok = AutoTokenizer.from_pretrained(MODELS / "SmolLM2-135M-Instruct")
+    rng = random.Random(seed)
+    lines = corpus_lines()
+    db = sqlite3.connect(home / "clawrl.db")
+    migrations.apply(db)
+    db.execute("INSERT INTO sessions (id, user_id, created_at, last_seen) VALUES ('s', 'u', 0, 0)")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    plens, rlens, labels = [], [], []
+    (p_lo, p_hi), (r_lo, r_hi) = SHAPES[shape]
+
+    def text(tokens: int) -> str:
+        out = []
+        while len(tok.encode(" ".join(out))) < tokens:
+            out.append(rng.choice(lines))
+        return " ".join(out)
+
+    for i in range(n):
+        messages = [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": text(rng.randint(p_lo, p_hi))}]
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tok.encode(prompt)
+        response_ids = tok.encode(text(rng.randint(r_lo, r_hi)))[:r_hi - 1] + [end]
+        reward = rng.choice((1, -1))
+        db.execute(
+            "INSERT INTO turns (session_id, user_id, turn_index, turn_type, kind, trainable, status,"
+            " model, adapter_version, n_messages, created_at, request_json, prompt_ids,"
+            " response_text, response_ids, judge_status, judge_score)"
+            " VALUES ('s', 'u', ?, 'main', 'main', 1, 'complete', 'm', 0, 2, ?, ?, ?, ?, ?, 'done', ?)",
+            (i, time.time() - 7200, json.dumps({"messages": messages}), json.dumps(prompt_ids),
+             tok.decode(response_ids), json.dumps(response_ids), reward))
+        plens.append(len(prompt_ids))
+        rlens.append(len(response_ids))
+        labels.append(reward)
+    db.commit()
+    db.close()
+    return {"turns": n, "shape": shape, "prompt_tokens_mean": statistics.mean(plens),
+            "response_tokens_mean": statistics.mean(rlens), "good": labels.count(1),
+            "bad": labels.count(-1)}
+
+
+def env_for(home: Path, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}
+    return {**env, "CLAWRL_HOME": str(home), **(extra or {})}
+
+
+def decode_rate(url: str) -> float:
+    """Tokens per second of one streamed 200-token greedy answer, first token to last."""
+    body = {"model": "clawrl", "stream": True, "max_tokens": 200, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+            "stream_options": {"include_usage": True}}
+    first = done = None
+    tokens = 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                first = first or time.perf_counter()
+                done = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return (tokens - 1) / (done - first)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=500, help="judged turns in the log (default 500)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="chat",
+                    help="the turns' lengths (default chat; see above)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serve", action="store_true", help="also measure decode while it runs")
+    ap.add_argument("--port", type=int, default=30931)
+    ap.add_argument("--out", help="write the JSON result here too")
+    ap.add_argument("--keep", help="build the home in this folder and keep it")
+    args = ap.parse_args(argv)
+
+    work = Path(args.keep or tempfile.mkdtemp(prefix="clawrl-consolidate-bench-"))
+    home = work / "home"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    (home / "models").symlink_to(MODELS, target_is_directory=True)
+    log = build_log(home, args.turns, args.seed, args.shape)
+    say(f"turn log: {log}")
+    res = {"bench": "consolidate", "log": log, "machine": {"cpus": os.cpu_count()}}
+    server = None
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        if args.serve:
+            serve_home = work / "serve-home"
+            serve_home.mkdir(exist_ok=True)
+            if not (serve_home / "models").exists():
+                (serve_home / "models").symlink_to(MODELS, target_is_directory=True)
+            server = subprocess.Popen(
+                [sys.executable, "-m", "clawrl", "serve", "--port", str(args.port)],
+                env=env_for(serve_home, {"CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_JUDGE_BACKEND": "rules"}),
+                stdout=open(work / "serve.log", "wb"), stderr=subprocess.STDOUT)
+            wait_ready(server, url)
+            decode_rate(url)   # warm-up
+            idle = [decode_rate(url) for _ in range(3)]
+            res["decode_idle_tok_s"] = idle
+            say(f"idle decode: {[round(x, 1) for x in idle]} tok/s")
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"], env=env_for(home),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        busy: list[float] = []
+        if server:
+            def sample():
+                time.sleep(60)   # past the model load, into training
+                while proc.poll() is None:
+                    busy.append(decode_rate(url))
+            t = threading.Thread(target=sample, daemon=True)
+            t.start()
+        out, err = proc.communicate()
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"clawrl consolidate failed ({proc.returncode}):\n{err[-3000:]}")
+        meta = json.loads((home / "adapters" / "0001" / "meta.json").read_text())
+        res.update({"wall_s": round(wall, 1), "meta_seconds": meta["seconds"], "steps": meta["steps"],
+                    "loss_first": meta["loss_curve"][0], "loss_last": meta["loss_curve"][-1],
+                    "loss": meta["loss"], "trl": meta["trl"], "recipe": meta["recipe"],
+                    "target_s": 600, "meets_target": wall <= 600})
+        say(f"consolidated {args.turns} turns in {wall:.0f} s ({meta['steps']} steps, loss "
+            f"{meta['loss_curve'][0]:.4f} -> {meta['loss_curve'][-1]:.4f})")
+        if server:
+            res["decode_busy_tok_s"] = busy
+            if busy:
+                ratio = statistics.median(busy) / statistics.median(res["decode_idle_tok_s"])
+                res["decode_ratio"] = round(ratio, 3)
+                say(f"decode while consolidating: {[round(x, 1) for x in busy]} tok/s: "
+                    f"{ratio:.2f}x idle (target >= 0.6)")
+    finally:
+        stop_server(server)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    emit(res, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
