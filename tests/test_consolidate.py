@@ -201,6 +201,10 @@ def test_cli_dry_run_and_a_run_on_a_stopped_daemon(lm, tmp_path):
     assert "consolidating [" in out.stderr and "step 3/3" in out.stderr   # the progress bar
     assert adapters.read_meta(log.cfg.adapters_dir, 1)["method"] == consolidate.METHOD
 
+    status = subprocess.run([sys.executable, "-m", "clawrl", "status"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert "consolidate  done" in status.stdout and "12 samples" in status.stdout, status.stdout
+
     few = subprocess.run(cli + ["--window", "1"], env=env, capture_output=True, text=True, timeout=60)
     assert few.returncode == 2 and "at least 2" in few.stderr
 

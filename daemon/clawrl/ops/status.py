@@ -58,7 +58,8 @@ def last_adapter(cfg: Config) -> dict | None:
         meta = adapters.read_meta(cfg.adapters_dir, version)
     except (OSError, ValueError):
         meta = {}
-    return {"version": version, "loss": meta.get("loss"), "samples": len(meta.get("samples", [])),
+    return {"version": version, "loss": meta.get("loss"),
+            "samples": len(meta.get("samples") or meta.get("consolidated") or []),
             "created_at": meta.get("created_at"),
             "rejected": adapters.rejection(cfg.adapters_dir, version)}
 
@@ -75,6 +76,8 @@ def gather(cfg: Config) -> dict:
         "engine": daemon.get("engine") if live else None, "engine_kind": cfg.engine.kind,
         "counts": read_counts(cfg.db_path) if cfg.db_path.exists() else None,
         "last_adapter": last_adapter(cfg), "adapters": len(adapters.list_versions(cfg.adapters_dir)),
+        "consolidation": adapters.read_consolidation(cfg.adapters_dir),
+        "consolidate_when": cfg.consolidate.when,
         "home": str(cfg.home), "db": str(cfg.db_path),
     }
 
@@ -152,9 +155,21 @@ def render(info: dict) -> str:
         row("last adapter", f"{a['version']:04d}  {loss}, {count(a['samples'], 'sample')}, "
                             f"{_when(a['created_at'])}  ({info['adapters']} kept)"
                             + (f"  REJECTED: {a['rejected']}" if a["rejected"] else ""))
+    row("consolidate", consolidation_text(info.get("consolidation"), info.get("consolidate_when")))
     row("home", info["home"])
     row("turn log", info["db"] + ("" if info["counts"] is not None else "  (not created yet)"))
     return "\n".join(lines)
+
+
+def consolidation_text(c: dict | None, when: str | None) -> str:
+    """The newest consolidation run (learn/consolidate.py) and the schedule."""
+    schedule = f"schedule: {when}" if when else ""
+    if not c:
+        return f"none yet ({schedule}; `clawrl consolidate` runs one now)"
+    if c.get("state") == "running":
+        loss = f", loss {c['loss'][-1]:.4f}" if c.get("loss") else ""
+        return f"running since {_when(c.get('started_at'))}: step {c.get('step')} of {c.get('steps') or '?'}{loss}"
+    return f"{c.get('state')} {_when(c.get('finished_at'))}: {c.get('message')}  ({schedule})"
 
 
 def agreement_text(a: dict | None) -> str:
