@@ -558,8 +558,8 @@ def test_a_bad_consolidate_schedule_names_the_three_forms(when):
         load_config(env={"CLAWRL_CONSOLIDATE_WHEN": when})
 
 
-def test_consolidation_is_refused_with_tinker():
-    env = {"CLAWRL_ENGINE_KIND": "tinker", "CLAWRL_MODEL_SOURCE": "tinker",
-           "CLAWRL_CONSOLIDATE_WHEN": "idle"}
-    with pytest.raises(ConfigError, match="Tinker cannot serve"):
-        load_config(env=env)
+def test_a_scheduled_consolidation_never_runs_with_tinker():
+    from clawrl.learn.consolidate import due
+    cfg = load_config(env={"CLAWRL_ENGINE_KIND": "tinker", "CLAWRL_MODEL_SOURCE": "tinker",
+                           "CLAWRL_CONSOLIDATE_WHEN": "idle"})
+    assert due(cfg, db=None, root=Path("/nonexistent")) is None   # decided before any read

@@ -191,8 +191,9 @@ class TrainConfig:
 
 @dataclass
 class ConsolidateConfig:
-    when: str = _f("off", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
-                   '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`)')
+    when: str = _f("idle", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
+                   '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`); never with '
+                   'engine.kind = "tinker", which serves only what Tinker trained')
     idle_minutes: float = _f(60.0, "with when = idle: minutes without a request first", minimum=1.0)
     min_new: int = _f(50, "judged turns that must have arrived since the last consolidation before "
                       "a scheduled one runs", minimum=1)
@@ -412,11 +413,7 @@ def consolidate_schedule(when: str) -> tuple[str, tuple[int, int] | None]:
 
 
 def _check_schedule(cfg: Config) -> None:
-    kind, _ = consolidate_schedule(cfg.consolidate.when)
-    if kind != "off" and cfg.engine.kind == "tinker":
-        raise ConfigError(f"consolidate.when = {cfg.consolidate.when!r} with engine.kind = \"tinker\": "
-                          "consolidation trains a local PEFT adapter, which Tinker cannot serve; set "
-                          "consolidate.when = \"off\"")
+    consolidate_schedule(cfg.consolidate.when)
 
 
 # Tinker's LoRA trains whole layer groups (create_lora_training_client: train_attn, train_mlp,

@@ -137,7 +137,7 @@ def due(cfg: Config, db: sqlite3.Connection, root: Path, now: float | None = Non
     turns newer than the last consolidation's window, and then the quiet its schedule names: no
     request for idle_minutes, or today's HH:MM passed with no run since."""
     kind, at = consolidate_schedule(cfg.consolidate.when)
-    if kind == "off":
+    if kind == "off" or cfg.engine.kind == "tinker":   # Tinker serves only what it trained
         return None
     now = time.time() if now is None else now
     last = last_consolidation(root)
