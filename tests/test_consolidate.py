@@ -60,8 +60,11 @@ def test_kto_raises_the_good_answers_lowers_the_bad_and_writes_a_version(lm, tmp
     db = connect(log.cfg.db_path)
     forget(log.cfg.db_path, user="v")    # a forgotten turn is never consolidated
     before = log.rows()
+    import torch
+    torch.set_num_threads(1)   # the online trainer's default, which consolidation's 2 must not leak into
     version = consolidate.run(log.cfg, db, log.cfg.adapters_dir, threading.Event())
     db.close()
+    assert torch.get_num_threads() == 1
 
     assert version == 1
     meta = log.metas()[1]

@@ -224,8 +224,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     c = cfg.consolidate
     started = time.time()
     status = {"state": "running", "request": request_id, "started_at": started, "pid": os.getpid(),
-              "step": 0,
-              "steps": None, "loss": [], "version": None, "message": "reading the turn log"}
+              "step": 0, "steps": None, "loss": [], "version": None, "message": "reading the turn log"}
 
     def progress(update: dict) -> None:
         status.update(update)
@@ -248,6 +247,11 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     from .. import models
     model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     shutil.rmtree(staging, ignore_errors=True)
+    import gc
+
+    import torch
+    threads = torch.get_num_threads()   # the online trainer's, restored after the run
+    trainer = None
     try:
         watch = _callback(progress, stop)
         trainer = _kto_trainer(cfg, model_path, window, staging, watch)
@@ -280,6 +284,9 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        del trainer   # a long-lived trainer process gets the memory back
+        gc.collect()
+        torch.set_num_threads(threads)
     progress({"state": "done", "version": version, "last_id": last_id, "finished_at": time.time(),
               "message": f"version {version:04d}: {len(window)} turns, loss {loss:.4f}, "
                          f"{meta['seconds']:.0f} s"})
@@ -297,7 +304,6 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
     """TRL's KTOTrainer on the window: a fresh LoRA on the base model (the reference model is the
     base itself, the adapter disabled), on the CPU unless the trainer has a GPU. float32 on a CPU:
     bfloat16 autocast took 4.5 s a turn against 2.9 s here, even with AVX-512 BF16."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     import datasets
     from peft import LoraConfig
