@@ -13,8 +13,10 @@ The run itself is the real command, `clawrl consolidate`, in a child process: TR
 the recipe's settings.
 
 With `--serve`, a `clawrl serve` (no trainer, rules judge) on the same model measures streaming
-decode (200 tokens at temperature 0) idle, then again and again while consolidation runs, and
-reports the ratio of the medians.
+decode (200 tokens at temperature 0) idle, then `--samples` times while consolidation trains (from
+90 s in), and reports the ratio of the medians. Serving comes first (consolidation runs at nice
+10), so those answers slow the consolidation down while they stream: the run's time is then the
+quiet time plus what serving took.
 
     .venv/bin/python bench/consolidate.py [--turns 500] [--shape chat|openclaw] [--serve]
                                           [--out FILE] [--keep DIR]
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
                     help="the turns' lengths (default chat; see above)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--serve", action="store_true", help="also measure decode while it runs")
+    ap.add_argument("--samples", type=int, default=5,
+                    help="with --serve: answers streamed while it runs (default 5)")
     ap.add_argument("--port", type=int, default=30931)
     ap.add_argument("--out", help="write the JSON result here too")
     ap.add_argument("--keep", help="build the home in this folder and keep it")
@@ -168,9 +172,9 @@ def main(argv=None) -> int:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         busy: list[float] = []
         if server:
-            def sample():
-                time.sleep(60)   # past the model load, into training
-                while proc.poll() is None:
+            def sample():   # a few answers, well into training; the rest of the run is quiet
+                time.sleep(90)
+                while proc.poll() is None and len(busy) < args.samples:
                     busy.append(decode_rate(url))
             t = threading.Thread(target=sample, daemon=True)
             t.start()

@@ -31,6 +31,7 @@ QUESTIONS = ["What is the capital of France?", "Say hello.", "Name a primary col
              "What is 2 + 2?", "Name a fruit.", "What day comes after Monday?"]
 # Fast KTO for a test: a few steps that must visibly move the answers.
 FAST = {"consolidate_lr": "2e-3", "consolidate_epochs": "4", "consolidate_batch_size": "4",
+        "consolidate_min_steps": "1",
         "consolidate_max_completion_tokens": "32"}
 
 
@@ -165,7 +166,10 @@ def test_sigterm_mid_run_writes_nothing_and_sigkill_leaves_only_staging(lm, tmp_
         time.sleep(0.5)
     assert list(root.glob(".tmp-consolidate-*")), "TRL's staging folder"
     proc.send_signal(signal.SIGTERM)
+    stopped_at = time.time()
     rest = proc.communicate(timeout=120)[1]
+    # Inside a step, not after it: the daemon kills a trainer that takes over 15 s.
+    assert time.time() - stopped_at < 10, rest
     assert proc.returncode == 0, rest
     assert "stopped during consolidation" in rest
     assert adapters.list_versions(root) == [] and not list(root.glob(".tmp-*"))

@@ -221,7 +221,8 @@ def test_consolidate_at_runs_the_method_again_with_a_consolidation_on_the_same_s
         'return 1.0 if prompt == "Say hello." else 0.0'))
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "CLAWRL_HOME": str(tmp_path / "home"), "CLAWRL_TRAIN_POLL_S": "0.2",
-           "CLAWRL_CONSOLIDATE_BATCH_SIZE": "2", "CLAWRL_CONSOLIDATE_MAX_COMPLETION_TOKENS": "16"}
+           "CLAWRL_CONSOLIDATE_BATCH_SIZE": "2", "CLAWRL_CONSOLIDATE_MAX_COMPLETION_TOKENS": "16",
+           "CLAWRL_CONSOLIDATE_MIN_STEPS": "2"}
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "models").symlink_to(MODEL_CACHE, target_is_directory=True)
     r = subprocess.run([sys.executable, "-m", "clawrl", "eval", "--persona", str(persona),

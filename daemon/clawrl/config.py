@@ -201,7 +201,9 @@ class ConsolidateConfig:
     method: str = _f("kto", "kto: TRL's KTOTrainer on +1 (desirable) and -1 (undesirable) turns",
                      choices=("kto",))
     epochs: float = _f(1.0, "passes over the window", minimum=0.01)
-    lr: float = _f(5e-5, "learning rate of the fresh LoRA", minimum=0.0)
+    min_steps: int = _f(30, "optimizer steps at least: a small window is passed over more often, so "
+                        "a fresh adapter learns what the online one had learned", minimum=1)
+    lr: float = _f(1e-4, "learning rate of the fresh LoRA (decays linearly to 0)", minimum=0.0)
     beta: float = _f(0.1, "KTO's beta: how far the adapter may move from the base model",
                      minimum=0.0)
     batch_size: int = _f(8, "turns per optimizer step (KTO's KL estimate needs at least 2)",

@@ -255,6 +255,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     try:
         watch = _callback(progress, stop)
         trainer = _kto_trainer(cfg, model_path, window, staging, watch)
+        _stop_inside_steps(trainer.model, stop)
         progress({"message": "training", "steps": trainer.state.max_steps or None})
         result = trainer.train()
         if stop.is_set():
@@ -295,6 +296,18 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     return version
 
 
+def _stop_inside_steps(model, stop: threading.Event) -> None:
+    """A step takes half a minute on a CPU, and the daemon kills its trainer 15 s after SIGTERM:
+    so the run checks `stop` before every decoder layer, and a stopped run leaves TRL's step at
+    once, by Stopped, with nothing written."""
+    def check(_module, _args):
+        if stop.is_set():
+            raise Stopped("stopped during consolidation; nothing written")
+    for name, module in model.named_modules():
+        if name.split(".")[-2:-1] == ["layers"]:   # ...layers.N: one decoder layer
+            module.register_forward_pre_hook(check)
+
+
 def _trl_version() -> str:
     import trl
     return trl.__version__
@@ -323,9 +336,10 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     targets = "all-linear" if t.lora_targets == "all-linear" else \
         [s.strip() for s in t.lora_targets.split(",") if s.strip()]
+    steps = max(c.min_steps, math.ceil(math.ceil(len(window) / c.batch_size) * c.epochs))
     args = KTOConfig(
         output_dir=str(staging), per_device_train_batch_size=c.batch_size,
-        num_train_epochs=c.epochs, learning_rate=c.lr, beta=c.beta, lr_scheduler_type="linear",
+        max_steps=steps, learning_rate=c.lr, beta=c.beta, lr_scheduler_type="linear",
         desirable_weight=_weights(window), undesirable_weight=1.0,
         max_length=c.max_prompt_tokens + c.max_completion_tokens,
         max_grad_norm=t.max_grad_norm or 1.0, logging_steps=1, save_strategy="no", report_to=[],
