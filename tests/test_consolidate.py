@@ -179,6 +179,8 @@ def test_sigterm_mid_run_writes_nothing_and_sigkill_leaves_only_staging(lm, tmp_
     consolidate.request(root)
     proc = start_trainer(log)
     wait_line(proc, "consolidating 12 judged turns", timeout=300)
+    while not list(root.glob(".tmp-consolidate-*")) and time.time() < deadline + 300:
+        time.sleep(0.1)
     time.sleep(2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()

@@ -247,6 +247,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     from .. import models
     model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     import gc
 
     import torch
