@@ -15,6 +15,7 @@ import time
 from ..errors import ClawrlError
 
 TERMINAL = ("done", "refused", "failed", "stopped")
+TAKE_S = 600.0   # a trainer takes a request once its current step is done
 
 
 def add_arguments(sp) -> None:
@@ -100,8 +101,14 @@ def _through_trainer(root, args, consolidate) -> int:
         return 0
     from ..adapters import versions as adapters
     bar = Bar()
+    asked = time.monotonic()
     try:
         while True:
+            if (root / consolidate.REQUEST).exists() and time.monotonic() - asked > TAKE_S:
+                (root / consolidate.REQUEST).unlink(missing_ok=True)
+                raise ClawrlError(f"the running trainer did not take the request in {TAKE_S:.0f} s "
+                                  "(a data-parallel trainer, train.processes > 1, does not "
+                                  "consolidate); see the daemon's log")
             status = adapters.read_consolidation(root) or {}
             if status.get("request") == rid:
                 bar(status)
