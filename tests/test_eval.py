@@ -243,3 +243,13 @@ def test_consolidate_at_runs_the_method_again_with_a_consolidation_on_the_same_s
     meta = json.loads((work / "half-rl+consolidate-0" / "adapters" / f"{last['consolidated']:04d}"
                        / "meta.json").read_text())
     assert meta["method"] == "consolidate-kto" and meta["window"]["size"] == 2
+
+
+def test_a_report_of_only_failed_runs_is_written_without_a_plot(tmp_path):
+    """Every run failing (a daemon that never settles) must still leave results and a table."""
+    from clawrl.evals.report import write
+    failed = [{"persona": "concise", "method": "combine", "judge": "probe", "seed": 0, "points": [],
+               "train_scores": [], "wall_s": 700.0, "error": "the loop did not settle"}]
+    written = write(failed, tmp_path, "clawrl eval --persona concise")
+    assert [p.name for p in written] == ["results.json", "results.md"]
+    assert "## Failed runs" in (tmp_path / "results.md").read_text()

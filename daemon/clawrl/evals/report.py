@@ -133,6 +133,8 @@ def plot(runs: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     data = grouped(runs)
+    if not data:   # every run failed: nothing to draw
+        return False
     fig, axes = plt.subplots(1, len(data), figsize=(5 * len(data), 4), squeeze=False)
     for ax, (persona, methods) in zip(axes[0], data.items()):
         for method, points in methods.items():
