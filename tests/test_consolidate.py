@@ -110,6 +110,16 @@ def test_a_window_that_cannot_teach_is_refused_and_writes_nothing(lm, tmp_path):
     status = adapters.read_consolidation(root)
     assert status["state"] == "refused" and "KTO" in status["message"]
 
+    # Tinker serves only what Tinker trained: a request is refused with the reason, in the status
+    # `clawrl consolidate` follows.
+    tinker = TurnLog(tmp_path / "tinker", engine_kind="tinker", model_source="tinker")
+    db = connect(tinker.cfg.db_path)
+    with pytest.raises(consolidate.NothingToConsolidate, match="Tinker|tinker"):
+        consolidate.run(tinker.cfg, db, tinker.cfg.adapters_dir, threading.Event(), request_id="r1")
+    db.close()
+    status = adapters.read_consolidation(tinker.cfg.adapters_dir)
+    assert status["state"] == "refused" and status["request"] == "r1"
+
 
 def test_schedule_idle_and_daily(lm, tmp_path):
     log = TurnLog(tmp_path, consolidate_when="idle", consolidate_idle_minutes="10",

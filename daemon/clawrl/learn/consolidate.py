@@ -218,9 +218,6 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     """One consolidation: the new version's number. NothingToConsolidate (with the reason) when the
     window cannot make one; Stopped when `stop` is set during it. The caller holds the trainer
     lock (it is the trainer, or `clawrl consolidate` on a stopped daemon)."""
-    if cfg.engine.kind == "tinker":
-        raise ClawrlError("consolidation trains a local PEFT adapter, which engine.kind = \"tinker\" "
-                          "cannot serve; it runs with the embedded, sglang and vllm engines")
     c = cfg.consolidate
     started = time.time()
     status = {"state": "running", "request": request_id, "started_at": started, "pid": os.getpid(),
@@ -233,6 +230,11 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
             on_progress(status)
 
     progress({})
+    if cfg.engine.kind == "tinker":
+        why = ("consolidation trains a local PEFT adapter, which engine.kind = \"tinker\" cannot "
+               "serve; it runs with the embedded, sglang and vllm engines")
+        progress({"state": "refused", "message": why, "finished_at": time.time()})
+        raise NothingToConsolidate(why)
     window = examples(db, window_size or c.window)
     last_id = window[-1].id if window else 0
     try:

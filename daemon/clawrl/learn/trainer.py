@@ -400,7 +400,7 @@ def main_loop(cfg: Config, stop: threading.Event | None = None) -> None:
             except sqlite3.OperationalError as e:   # e.g. locked past busy_timeout: try again
                 log(f"turn log busy ({e}); retrying")
                 version = None
-            if version is None and trainer.lead and not group.active:
+            if version is None and group.lead and not group.active:
                 # No batch: the quiet moment a requested or scheduled consolidation runs in (the
                 # schedule is read every SCHEDULE_S, a request at every poll).
                 scheduled = time.monotonic() >= next_schedule
