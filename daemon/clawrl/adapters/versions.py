@@ -218,11 +218,16 @@ def newest_good(root: Path) -> int | None:
 SEEN = "SEEN"   # the newest version the daemon has decided on (served or rejected)
 
 
-def _write_number(root: Path, name: str, version: int) -> None:
+def write_small(root: Path, name: str, text: str) -> None:
+    """A small file of the adapters folder, replaced whole: a reader sees the old or the new one."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{name}.tmp"
-    tmp.write_text(f"{version}\n")
+    tmp.write_text(text)
     os.replace(tmp, root / name)
+
+
+def _write_number(root: Path, name: str, version: int) -> None:
+    write_small(root, name, f"{version}\n")
 
 
 def _read_number(root: Path, name: str) -> int | None:
@@ -299,7 +304,4 @@ def read_consolidation(root: Path) -> dict | None:
 
 
 def write_consolidation(root: Path, status: dict) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{CONSOLIDATION}.tmp"
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, root / CONSOLIDATION)
+    write_small(root, CONSOLIDATION, json.dumps(status))

@@ -100,10 +100,7 @@ def check_window(window: list[Example], batch_size: int) -> None:
 def request(root: Path, window: int | None = None) -> str:
     """Ask the running trainer to consolidate now; returns the request's id."""
     rid = f"{time.time():.6f}-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{REQUEST}.tmp"
-    tmp.write_text(json.dumps({"id": rid, "window": window}))
-    os.replace(tmp, root / REQUEST)
+    adapters.write_small(root, REQUEST, json.dumps({"id": rid, "window": window}))
     return rid
 
 
