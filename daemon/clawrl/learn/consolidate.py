@@ -108,11 +108,15 @@ def take_request(root: Path) -> dict | None:
     """The pending request, removed from the folder (so it runs once)."""
     path = root / REQUEST
     try:
-        req = json.loads(path.read_text())
-    except (OSError, ValueError):
-        req = {} if path.exists() else None
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
     path.unlink(missing_ok=True)
-    return req if req is None or isinstance(req, dict) else {}
+    try:
+        req = json.loads(text)
+    except ValueError:
+        req = {}   # unreadable: still a request, with the recipe's window
+    return req if isinstance(req, dict) else {}
 
 
 # -- the schedule ------------------------------------------------------------------------------------
