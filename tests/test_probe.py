@@ -196,6 +196,23 @@ def test_without_a_head_the_daemon_judges_by_the_rules_and_says_so(fitted, tmp_p
     assert log.count("the probe could not be built") == 1 and "clawrl judge train" in log
 
 
+def test_a_feature_cache_of_another_reading_is_read_again(fitted, tmp_path):
+    """The cached features are only the base model's reading of the corpus at these layers: a
+    cache of the same lines at other layers (another width) is recomputed, never fitted on."""
+    import torch
+    from safetensors.torch import save_file
+    lines = corpus.load("dev")[:3]
+    r = fitted.reader
+    width = len(r.layers) * r.model.config.hidden_size
+    cache = tmp_path / "features.safetensors"
+    save_file({"x": torch.zeros((3, width - r.model.config.hidden_size))}, str(cache))
+    x = probe_fit.corpus_features(r, lines, cache)
+    assert tuple(x.shape) == (3, width) and x.abs().sum() > 0
+    assert torch.allclose(x[0], r.read_one(probe.exchange(lines[0].question, lines[0].answer,
+                                                          lines[0].text)))
+    assert probe_fit.corpus_features(r, lines, cache).equal(x)     # and now it is the cache
+
+
 def test_judge_train_refits_from_the_cached_features(fitted, tmp_path):
     """`clawrl judge train` (last in this file: it replaces the shared head) refits and says what
     it fitted; the corpus's features are cached, so a refit takes seconds, not minutes."""

@@ -2,12 +2,12 @@
 as approval, correction or neither.
 
 The base model reads the exchange in chat form (the question, the tail of the answer, the user's
-reply); the last token's hidden state at a few layers and the reply's mean hidden state at two
-more are the feature vector; a multinomial logistic head, fitted on the feedback corpus's train
-split, gives p(-1), p(0), p(+1). A vote is cast only when its probability reaches its class's
-threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool results
-keep the rules judge's structured reading (JSON fields, exit codes), and on -1 the user's own
-words are the hint.
+reply); the last token's hidden state and the reply's mean hidden state, at every other layer of
+the model's first two thirds, are the feature vector; a multinomial logistic head, fitted on the
+feedback corpus's train split, gives p(-1), p(0), p(+1). A vote is cast only when its
+probability reaches its class's threshold, chosen on the dev split, so unsure readings answer 0
+and never train. Tool results keep the rules judge's structured reading (JSON fields, exit
+codes), and on -1 the user's own words are the hint.
 
 It owns the features, the head (what it computes, save, load) and the `ProbeJudge`. Fitting a
 head, where it lives and when it is refitted are judge/probe_fit.py's; the judging loop only calls
@@ -34,19 +34,22 @@ from .judges import JudgeInput, Judgment, combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 
-FORMAT = 3
-# What is read, as fractions of the model's depth (measured on the dev split with SmolLM2-135M:
-# these two views together beat either alone, any single layer, and a 2-layer MLP head):
-LAST_TOKEN_AT = (1 / 6, 1 / 3, 1 / 2)   # the hidden state of the exchange's last token
-REPLY_MEAN_AT = (1 / 2, 2 / 3)          # the mean over the reply's tokens
+FORMAT = 4
+# What is read: at every other layer up to two thirds of the model's depth, the hidden state of
+# the exchange's last token and the mean over the reply's tokens. Chosen with SmolLM2-135M by
+# five-fold cross-validation over train and dev (4,316 lines): log-loss 0.303, and 2.8 % wrong
+# signs where corrections are found at 0.85 and approvals at 0.80, against 0.304 and 3.2 % for
+# the previous reading (three last-token layers, two reply means) and 0.312 and 3.2 % for the
+# same reading up to half the depth, which costs a quarter less. Reading less deep (2/5 of the
+# depth: dev log-loss 0.33 against 0.28) or through a 2-layer MLP head was worse.
+READ_TO, READ_EVERY = 2 / 3, 2
 QUESTION_CHARS, ANSWER_CHARS, REPLY_CHARS = 160, 240, 600
 MAX_TOKENS = 192          # the rendered exchange, cut from the left (the reply sits at its end)
 L2_GRID = (1e-2, 3e-2, 1e-1, 3e-1, 1.0, 3.0)
 MIN_PRECISION = 0.90      # the dev split's correction precision the thresholds must keep
 # What a vote with the wrong sign costs, in right votes: it undoes one and trains the other way.
-# The thresholds maximise right votes minus this many times the wrong ones on dev; 2 finds most
-# corrections (dev: 0.89) at 5.7 % wrong signs, 4 would give 1.7 % but miss a third of them.
-WRONG_SIGN_COST = 2
+# The thresholds maximise right votes minus this many times the wrong ones on dev.
+WRONG_SIGN_COST = 3
 
 
 class ProbeError(ClawrlError):
@@ -69,8 +72,9 @@ def exchange(question: str, answer: str, reply: str) -> list[dict]:
                    {"role": "user", "content": _head_tail(reply, REPLY_CHARS)}]
 
 
-def _depths(fractions, depth: int) -> tuple[int, ...]:
-    return tuple(max(1, round(f * depth)) for f in fractions)
+def read_layers(depth: int) -> tuple[int, ...]:
+    """The layers read in a model of `depth` layers: 1, 3, 5, ... up to READ_TO of the depth."""
+    return tuple(range(1, max(1, round(READ_TO * depth)) + 1, READ_EVERY))
 
 
 class Reader:
@@ -89,7 +93,7 @@ class Reader:
         self.dtype = torch.float32
         full = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         depth = full.config.num_hidden_layers
-        self.last_at, self.mean_at = _depths(LAST_TOKEN_AT, depth), _depths(REPLY_MEAN_AT, depth)
+        self.last_at = self.mean_at = read_layers(depth)
         self.layers = self.last_at + self.mean_at
         self.model = full.model          # the decoder without the LM head
         self.model.layers = self.model.layers[:max(self.layers)]
@@ -139,8 +143,8 @@ class Reader:
 
     @torch.inference_mode()
     def read_one(self, messages: list[dict]) -> torch.Tensor:
-        """One exchange's feature row: the last token's hidden state at LAST_TOKEN_AT and the
-        reply's mean at REPLY_MEAN_AT, concatenated."""
+        """One exchange's feature row: the last token's hidden state and the reply's mean at
+        each layer read, concatenated."""
         ids, n, cached = self._ids(messages)
         kw = {"cache": self._head_cache(), "use_cache": True} if cached else {}
         hidden = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True,

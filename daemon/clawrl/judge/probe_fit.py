@@ -114,7 +114,8 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
     if cache is not None and cache.exists():
         try:
             x = load_file(str(cache))["x"]
-            if x.shape[0] == len(examples):
+            width = len(reader.layers) * reader.model.config.hidden_size
+            if tuple(x.shape) == (len(examples), width):
                 return x
         except Exception as e:   # a torn cache is only a cache
             log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
@@ -183,7 +184,8 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     reader = reader or Reader(model_dir)
     train, dev = corpus.load("train", data), corpus.load("dev", data)
     dtype = str(reader.dtype).removeprefix("torch.")
-    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}"
+    reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
+    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}-{reading}"
     x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
     x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": str(reader.dtype)},
