@@ -367,3 +367,30 @@ def test_an_echo_of_the_listed_choices_is_not_a_vote():
     assert parse_vote("Answer \\boxed{1}, \\boxed{0} or \\boxed{-1}.") is None
     assert parse_vote("\\boxed{1}: moves on. \\boxed{-1}: corrects. \\boxed{0}: unclear.") is None
     assert parse_vote("It failed, so \\boxed{-1}") == -1
+
+
+def test_the_probe_waits_for_serving_but_not_forever():
+    """A judging pass with the probe (which reads on the engine's cores) starts once the engine
+    generates nothing, and after `most_s` even when it never stops."""
+    from clawrl.judge.loop import after_serving
+
+    class Streams:            # what the judging loop reads of an engine: Engine.active_count
+        def __init__(self, active: int):
+            self.active = active
+
+        def active_count(self) -> int:
+            return self.active
+
+    async def scenario():
+        idle = await after_serving(Streams(0), 5.0)
+        busy = Streams(1)
+        asyncio.get_running_loop().call_later(0.3, setattr, busy, "active", 0)
+        ends = await after_serving(busy, 5.0)
+        never = await after_serving(Streams(2), 0.4)
+        off = await after_serving(Streams(2), 0.0)
+        return idle, ends, never, off
+
+    idle, ends, never, off = asyncio.run(scenario())
+    assert idle < 0.05 and off < 0.05
+    assert 0.25 <= ends < 1.0
+    assert 0.4 <= never < 1.0

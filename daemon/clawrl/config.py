@@ -135,6 +135,9 @@ class JudgeConfig:
     api_key: str = _f("", "openai backend: API key, if the endpoint needs one")
     max_attempts: int = _f(8, "tries per turn before it is marked failed (backoff doubles)",
                            minimum=1)
+    defer_s: float = _f(30.0, "probe backend: a judging pass waits until no answer is being "
+                        "generated, for at most this long (it reads on the engine's CPU cores); "
+                        "0 judges at once", minimum=0.0)
 
 
 @dataclass

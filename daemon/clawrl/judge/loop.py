@@ -4,7 +4,9 @@ Runs as one asyncio task in the daemon. It wakes when a next state arrives (or e
 judges waiting turns a few at a time, and stores every raw vote, the score and the hint on the
 turn. A judge that fails (endpoint down, garbage output, timeout) is retried with doubling backoff;
 the turn keeps waiting in the database meanwhile, so nothing is lost across restarts. It also ends
-sessions that have been idle past `session.idle_timeout_s`. Serving never waits for any of this.
+sessions that have been idle past `session.idle_timeout_s`. Serving never waits for any of this,
+and the probe, which reads on the same CPU cores as the engine, waits for serving: a judging pass
+starts once no answer is being generated, or after `judge.defer_s` at the most.
 """
 from __future__ import annotations
 
@@ -27,6 +29,18 @@ from ..types import GenParams
 log = logging.getLogger("clawrl.judging")
 BACKOFF_START, BACKOFF_MAX = 2.0, 300.0
 CALL_TIMEOUT = 120.0
+DEFER_POLL_S = 0.05
+
+
+async def after_serving(engine, most_s: float, poll_s: float = DEFER_POLL_S) -> float:
+    """Wait until `engine` generates nothing, or `most_s` seconds; returns the seconds waited."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while engine is not None and most_s > 0 and engine.active_count() > 0:
+        if loop.time() - start >= most_s:
+            break
+        await asyncio.sleep(poll_s)
+    return loop.time() - start
 
 
 def judge_input(row: dict, context_messages: int) -> JudgeInput:
@@ -78,7 +92,7 @@ class Judging(BackgroundLoop):
     name = "clawrl-judging"
 
     def __init__(self, cfg: Config, store: Store, engine, metrics: Metrics | None = None):
-        self.cfg, self.store = cfg, store
+        self.cfg, self.store, self.engine = cfg, store, engine
         self.metrics = metrics or Metrics()
         # The probe's head needs the base model and minutes to fit the first time: made in _run.
         self.judge = None if cfg.judge.backend == "probe" else judge_for(cfg, cfg.judge.backend,
@@ -126,6 +140,8 @@ class Judging(BackgroundLoop):
                 rows = await self.store.turns_to_judge(limit=4)
                 failing.succeeded()
                 if rows:
+                    if self.cfg.judge.backend == "probe":   # it reads on the engine's cores
+                        await after_serving(self.engine, self.cfg.judge.defer_s)
                     await asyncio.gather(*(self._judge_one(r) for r in rows))
                     continue
             except asyncio.CancelledError:
