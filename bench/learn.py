@@ -59,7 +59,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -71,6 +70,8 @@ import uuid
 from pathlib import Path
 
 import httpx
+
+from clawrl.procs import free_port
 
 from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
 
@@ -116,12 +117,6 @@ def maximum(xs):
 def model_cache() -> Path:
     repo_cache = REPO / ".cache" / "models"
     return repo_cache if repo_cache.exists() else Path("~/.cache/clawrl-bench/models").expanduser()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- CPU accounting ------------------------------------------------------------------------------

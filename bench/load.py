@@ -35,7 +35,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from clawrl.procs import free_port
 
 from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
 
@@ -58,12 +59,6 @@ T_START = time.perf_counter()
 
 def say(msg: str) -> None:
     print(f"[load {time.perf_counter() - T_START:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scripted_model(dest: Path) -> Path:

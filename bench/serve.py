@@ -40,7 +40,6 @@ import asyncio
 import json
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -52,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from clawrl.procs import free_port
 
 from against import compare, print_against  # noqa: E402  (bench/ is on sys.path)
 from common import emit, stop_server, wait_ready  # noqa: E402
@@ -323,12 +324,6 @@ async def bench_concurrency(client, rounds: int, max_tokens: int) -> dict:
 
 
 # -- the daemon subprocess ---------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def bench_env(home: Path, work: Path, threads: int) -> dict[str, str]:
     """One environment for both sides: same recipe, same home (model converted once), same threads.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,15 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from clawrl.procs import free_port  # noqa: F401  (tests import it from here)
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CACHE = REPO / ".cache" / "models"
 CLAWRL = [sys.executable, "-m", "clawrl"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_home(path: Path) -> Path:

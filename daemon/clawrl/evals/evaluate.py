@@ -26,7 +26,6 @@ import os
 import random
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import httpx
 
 from ..config import env_key, is_override
 from ..errors import ClawrlError
-from ..procs import die_with_parent
+from ..procs import die_with_parent, free_port
 from .personas import Persona
 from ..turnlog.store import AWAITING_JUDGE, AWAITING_TRAINER
 
@@ -65,12 +64,6 @@ def recipe_overrides(env: dict[str, str]) -> dict[str, str]:
             key = ".".join(env_key(name))
             out[key] = "(set)" if key.endswith(SECRET_KEYS) else value
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Child:
