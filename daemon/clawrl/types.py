@@ -1,4 +1,5 @@
-"""The vocabulary the daemon speaks: request attribution, generation parameters, token events.
+"""The vocabulary the daemon speaks: request attribution, generation parameters, token events, a
+turn of the log, what a judge reads and says, and what the trainer takes.
 
 Small dataclasses only; no behaviour beyond trivial helpers.
 """
@@ -69,3 +70,35 @@ class Turn:
     feedback_comment: str | None
     teacher_logprobs: list[float] | None
     teacher_topk: dict | None
+
+
+@dataclass(frozen=True)
+class JudgeInput:
+    context: list[dict]        # conversation before the turn; the last is what the turn answered
+    response: str              # the assistant's served text
+    tool_calls: list[dict]     # OpenAI tool_calls the assistant made (may be empty)
+    next_state: list[dict]     # the messages that followed (role user or tool)
+
+
+@dataclass
+class Judgment:
+    score: int                 # majority of valid votes in {1, 0, -1}; ties and no valid votes -> 0
+    votes: list[int | None]    # parsed vote per judge call (None = unparseable)
+    raw: list[str]             # raw judge outputs, vote calls then hint calls
+    hint: str | None           # longest valid hint among the hint calls, else None
+
+
+@dataclass
+class Sample:
+    """One ready turn, decoded: what the trainer needs and nothing else."""
+    id: int
+    user_id: str | None
+    request: dict
+    prompt_ids: list[int]
+    response_ids: list[int]
+    served_logp: list[float] | None
+    empty: bool                          # no visible text and no tool call
+    reward: float | None
+    hint: str | None
+    teacher_logp: list[float] | None
+    teacher_topk: dict | None = None     # {"ids": [[K]...], "logp": [[K]...]} when opd.topk > 0

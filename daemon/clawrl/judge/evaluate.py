@@ -19,7 +19,7 @@ import time
 from . import corpus
 from ..errors import ClawrlError
 from .corpus import metrics
-from .judges import JudgeInput
+from ..types import JudgeInput
 
 KEYS = ("correction_recall", "correction_precision", "approval_recall", "approval_precision",
         "wrong_sign_rate", "abstain_rate", "n")

@@ -14,13 +14,13 @@ import asyncio
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import httpx
 
 from ..chat.format import content_text
 from ..errors import ClawrlError, ConfigError
+from ..types import JudgeInput, Judgment
 
 BACKENDS = ("rules", "probe", "engine", "openai")
 MESSAGE_CHARS = 2000      # each message shown to the judge: head and tail kept
@@ -35,22 +35,6 @@ Complete = Callable[[list[dict]], Awaitable[str]]
 
 class JudgeUnavailable(ClawrlError):
     """The judge endpoint could not be reached or gave no usable answer; retry later."""
-
-
-@dataclass(frozen=True)
-class JudgeInput:
-    context: list[dict]        # conversation before the turn; the last is what the turn answered
-    response: str              # the assistant's served text
-    tool_calls: list[dict]     # OpenAI tool_calls the assistant made (may be empty)
-    next_state: list[dict]     # the messages that followed (role user or tool)
-
-
-@dataclass
-class Judgment:
-    score: int                 # majority of valid votes in {1, 0, -1}; ties and no valid votes -> 0
-    votes: list[int | None]    # parsed vote per judge call (None = unparseable)
-    raw: list[str]             # raw judge outputs, vote calls then hint calls
-    hint: str | None           # longest valid hint among the hint calls, else None
 
 
 # ---------------------------------------------------------------------------------------- prompts

@@ -20,11 +20,11 @@ from ..chat.format import content_text
 from ..background import BackgroundLoop, FailingPass
 from ..config import Config
 from ..engines.base import token_budget
-from .judges import JudgeInput, make_judge, openai_complete
+from .judges import make_judge, openai_complete
 from ..metrics import Metrics
 from ..turnlog.rows import turn
 from ..turnlog.store import Store
-from ..types import GenParams
+from ..types import GenParams, JudgeInput
 
 log = logging.getLogger("clawrl.judging")
 BACKOFF_START, BACKOFF_MAX = 2.0, 300.0

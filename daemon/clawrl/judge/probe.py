@@ -30,7 +30,8 @@ import torch
 
 from ..chat.format import content_text
 from ..errors import ClawrlError
-from .judges import JudgeInput, Judgment, combine, rules_hint, tool_vote
+from ..types import JudgeInput, Judgment
+from .judges import combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from ..turnlog.rows import turn
 from ..turnlog.store import AWAITING_TRAINER, connect_sync
 from ..errors import ClawrlError
 from .teacher import pick_hint
+from ..types import Sample
 
 
 def log(msg: str) -> None:
@@ -32,22 +32,6 @@ def log(msg: str) -> None:
 
 
 READY = AWAITING_TRAINER     # the turn log's own predicate: the trainer keeps no copy
-
-
-@dataclass
-class Sample:
-    """One ready turn, decoded: what the trainer needs and nothing else."""
-    id: int
-    user_id: str | None
-    request: dict
-    prompt_ids: list[int]
-    response_ids: list[int]
-    served_logp: list[float] | None
-    empty: bool                          # no visible text and no tool call
-    reward: float | None
-    hint: str | None
-    teacher_logp: list[float] | None
-    teacher_topk: dict | None = None     # {"ids": [[K]...], "logp": [[K]...]} when opd.topk > 0
 
 
 def connect(path: Path) -> sqlite3.Connection:

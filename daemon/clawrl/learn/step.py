@@ -23,7 +23,8 @@ from typing import Callable, Protocol
 from ..adapters import versions as adapters
 from .advantages import RunningBaseline
 from ..config import Config
-from .samples import Sample, mark_trained, reconcile, trained_rewards
+from ..types import Sample
+from .samples import mark_trained, reconcile, trained_rewards
 
 
 class Abandoned(Exception):

@@ -40,7 +40,8 @@ from .advantages import guard_empty, method_advantages, ppo_loss, truncated_is_w
 from ..config import Config, tinker_layers
 from ..engines.tinker import (base_model_name, default_rest, default_service, load_tokenizer,
                               require_api_key, resolved, retryable, score)
-from .samples import Sample, connect, log, mark_skipped, next_batch, store_teacher, take_over
+from ..types import Sample
+from .samples import connect, log, mark_skipped, next_batch, store_teacher, take_over
 from .teacher import teacher_prompt
 from .distributed import Group
 from .step import Abandoned, commit, history_baseline, settle, step_lr, summary, version_meta

@@ -37,7 +37,8 @@ from ..config import Config, load_config  # noqa: E402
 from .consolidate import between_steps  # noqa: E402
 from .distributed import Group, daemon_pid  # noqa: E402
 from .remote_teacher import TeacherUnavailable, remote_teacher  # noqa: E402
-from .samples import (Sample, connect, log, mark_skipped, next_batch, store_teacher, take_over)  # noqa: E402
+from ..types import Sample  # noqa: E402
+from .samples import (connect, log, mark_skipped, next_batch, store_teacher, take_over)  # noqa: E402
 from .teacher import teacher_prompt  # noqa: E402
 from .step import (Abandoned, commit, fold_rewards, history_baseline, parent_rejected, settle,  # noqa: E402
                    step_lr, summary, version_meta)
