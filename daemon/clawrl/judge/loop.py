@@ -98,6 +98,7 @@ class Judging(BackgroundLoop):
         self.judge = None if cfg.judge.backend == "probe" else judge_for(cfg, cfg.judge.backend,
                                                                           engine)
         self.wake = asyncio.Event()
+        self.defer_s = 0.0      # how long a pass waits for serving: set once the probe is built
 
     async def _prepare_probe(self) -> None:
         """Load (or fit, the first time) the probe's head; without one, judge by the rules.
@@ -121,6 +122,7 @@ class Judging(BackgroundLoop):
             finally:
                 pool.shutdown(wait=False)
             self.judge = probe.ProbeJudge(head, reader, threads=1)
+            self.defer_s = self.cfg.judge.defer_s       # it reads on the engine's cores
             log.info("judge: probe (thresholds %.2f/%.2f, dev correction recall %.2f)",
                      head.meta.threshold, head.meta.approval_threshold,
                      head.meta.dev.get("correction_recall", 0.0))
@@ -140,8 +142,7 @@ class Judging(BackgroundLoop):
                 rows = await self.store.turns_to_judge(limit=4)
                 failing.succeeded()
                 if rows:
-                    if self.cfg.judge.backend == "probe":   # it reads on the engine's cores
-                        await after_serving(self.engine, self.cfg.judge.defer_s)
+                    await after_serving(self.engine, self.defer_s)
                     await asyncio.gather(*(self._judge_one(r) for r in rows))
                     continue
             except asyncio.CancelledError:
