@@ -21,7 +21,7 @@ OLD_SGLANG := 0.5.2 0.5.3 0.5.4
 # Named after what it holds, so changing the list (not any edit of this file) reinstalls.
 SERVERS_STAMP := $(SERVERS)/.installed-$(shell echo "$(SERVER_PKGS) $(OLD_SGLANG)" | cksum | cut -d' ' -f1)
 
-.PHONY: setup servers serve lint test test-fast bench clean
+.PHONY: setup servers serve lint typecheck test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -48,11 +48,15 @@ serve: setup
 lint: setup
 	$(BIN)/ruff check daemon tests bench skill_bridge recipes
 
-test: setup servers lint
+# The type gate: the package and skill_bridge, as [tool.mypy] in pyproject.toml configures it.
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup servers lint typecheck
 	$(BIN)/python -m pytest -ra
 
 # The fast tier for your own loop: no daemon, no server double, no model weights (under 2 minutes).
-test-fast: setup servers lint
+test-fast: setup servers lint typecheck
 	$(BIN)/python -m pytest -ra -q -m "not model and not slow"
 
 bench: setup

@@ -141,12 +141,13 @@ def parse_front_matter(text: str) -> tuple[dict, int]:
     return meta, body_line
 
 
-def _check_fields(meta: dict, lines: dict[str, int], folder_name: str) -> list[tuple]:
+def _check_fields(meta: dict, lines: dict[str, int],
+                  folder_name: str) -> list[tuple[int | None, str, str, str]]:
     """(line, field, message, fix) for each problem with `name` and `description`."""
     fixes = {"name": f"set 'name: {folder_name}' in the front matter",
              "description": "write one sentence saying when to use the skill, as "
                             "'description: ...' in the front matter"}
-    out = []
+    out: list[tuple[int | None, str, str, str]] = []
     for key, fix in fixes.items():
         value, line = meta.get(key), lines.get(key)
         if key not in meta:
@@ -198,7 +199,7 @@ def validate_skill(folder: Path, root: Path | None = None) -> list[SkillIssue]:
     root = folder.parent if root is None else Path(root)
     name = folder.name
 
-    def rel(p: Path | PurePosixPath) -> str:
+    def rel(p: str | PurePosixPath) -> str:
         return (folder / p).relative_to(root).as_posix()
 
     if folder.is_symlink():

@@ -16,6 +16,7 @@ from typing import Callable
 from watchdog.events import (EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent,
                              FileSystemEventHandler)
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from .publish import Publisher, SkillResult
 from .validate import is_hidden
@@ -37,7 +38,7 @@ class SkillWatcher:
         self._cond = threading.Condition()
         self._due: dict[str, float] = {}  # skill name -> monotonic time to reconcile it
         self._stopping = False
-        self._observer = None
+        self._observer: BaseObserver | None = None
         self._worker: threading.Thread | None = None
 
     def start(self) -> None:

@@ -13,7 +13,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError
 from .turnlog.redact import check_pattern
@@ -263,8 +263,14 @@ class Config:
         return self.home / "models"
 
 
+def _section_class(f: dataclasses.Field) -> type:
+    # Every section field has a default_factory (its dataclass); without one this fails at import.
+    assert callable(f.default_factory), f"Config.{f.name} has no default_factory"
+    return type(f.default_factory())
+
+
 # Section name -> its dataclass, read off Config itself so a new section needs no second listing.
-SECTIONS = {f.name: type(f.default_factory()) for f in dataclasses.fields(Config)
+SECTIONS = {f.name: _section_class(f) for f in dataclasses.fields(Config)
             if f.name not in ("home", "recipe")}
 
 
@@ -274,7 +280,8 @@ def _section_fields(section: str) -> dict[str, dataclasses.Field]:
 
 def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any:
     """Turn a TOML or environment value into the field's type, or fail naming the key."""
-    want = {"int": int, "float": float, "str": str, "bool": bool, "list[str]": list}[f.type]
+    # With `from __future__ import annotations` a field's type is its annotation's text.
+    want = {"int": int, "float": float, "str": str, "bool": bool, "list[str]": list}[cast(str, f.type)]
     if from_env:
         try:
             if want is list:
@@ -291,7 +298,7 @@ def _coerce(where: str, f: dataclasses.Field, value: Any, from_env: bool) -> Any
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if (not isinstance(value, want) or (want is int and isinstance(value, bool))
-            or (want is list and not all(isinstance(v, str) for v in value))):
+            or (isinstance(value, list) and not all(isinstance(v, str) for v in value))):
         raise ConfigError(f"{where} must be a {f.type}, got {type(value).__name__} {value!r} "
                           f"({f.metadata['help']})")
     choices, minimum = f.metadata["choices"], f.metadata["min"]

@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 META = "meta.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -49,7 +49,9 @@ def read_remote(path: Path) -> dict:
 
 def save_remote(ref: dict) -> Callable[[Path], None]:
     """A `save` for write_version that writes a remote version's pointer."""
-    return lambda folder: (folder / REMOTE).write_text(json.dumps(ref, indent=1))
+    def save(folder: Path) -> None:
+        (folder / REMOTE).write_text(json.dumps(ref, indent=1))
+    return save
 
 
 def list_versions(root: Path) -> list[int]:
@@ -105,7 +107,7 @@ def write_version(root: Path, version: int, save: Callable[[Path], None], meta: 
 TRAINER_LOCK = ".trainer.lock"   # held (flock) by the one trainer that writes versions
 
 
-def hold_trainer_lock(root: Path, stop: Callable[[float], bool], say: Callable[[str], None]):
+def hold_trainer_lock(root: Path, stop: Callable[[float], bool], say: Callable[[str], None]) -> TextIO | None:
     """Become the one trainer that writes versions here: the lock's open file, held until this
     process exits (the kernel frees it even after SIGKILL). A trainer orphaned by a killed daemon
     finishes its step before it notices and exits; the next one waits for it here instead of

@@ -105,7 +105,8 @@ class Env:
         a task whatever the seeds."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        rng, out, seen = random.Random(f"{self.name}:{split}:{seed}"), [], set()
+        rng, seen = random.Random(f"{self.name}:{split}:{seed}"), set()
+        out: list[Task] = []
         for _ in range(self.max_attempts):
             if len(out) == n:
                 break
@@ -123,7 +124,8 @@ class Env:
     def setup(self, task: Task, box: Sandbox) -> None:
         """Write the task's files into box.work (the runner hands them to the sandbox after)."""
 
-    async def call(self, task: Task, box: Sandbox, name: str, raw_args) -> ToolOutcome:
+    async def call(self, task: Task, box: Sandbox, name: str | None, raw_args) -> ToolOutcome:
+        """`name`: the tool the model called, None when its call named none (refuse it)."""
         raise NotImplementedError
 
     async def verify(self, task: Task, box: Sandbox, final: str | None) -> Verdict:

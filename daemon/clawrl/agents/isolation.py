@@ -151,13 +151,18 @@ def isolation() -> Isolation:
     return Isolation(False, False, bool(own_uid), seccomp, python, tuple(notes))
 
 
+def _become_private_uid() -> None:
+    os.setgroups([])
+    os.setgid(UID_BASE)
+    os.setuid(UID_BASE)
+
+
 def _probe_uid(candidates: list[str]) -> str | None:
     """Without namespaces, as root: an interpreter a private uid can run, if any."""
     for python in candidates:
         try:
             r = subprocess.run([python, "-c", "print('ok')"], capture_output=True, timeout=30,
-                               cwd="/", preexec_fn=lambda: (os.setgroups([]), os.setgid(UID_BASE),
-                                                            os.setuid(UID_BASE)))
+                               cwd="/", preexec_fn=_become_private_uid)
         except (OSError, subprocess.SubprocessError):
             continue
         if r.returncode == 0:

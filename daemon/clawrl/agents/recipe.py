@@ -83,7 +83,7 @@ def _build(cls, table, where: str, **fixed):
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[want]
             raise ConfigError(f"{key} in {where} must be {kind}, got {value!r}")
-        if want in (int, float) and value < 0:
+        if isinstance(value, (int, float)) and value < 0:   # an int or float field (a bool is never < 0)
             raise ConfigError(f"{key} in {where} must not be negative, got {value!r}")
         values[key] = value
     return cls(**values, **fixed)

@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
@@ -38,6 +39,10 @@ from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, render_checked
 from .fastdecode import FastDecoder, int8_available, supported
 from .kvbatch import DecodeBatch
+
+if TYPE_CHECKING:   # transformers and peft load with the model, not with this module
+    from peft import PeftModel
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
 # whole prompt in one forward: every chunk after the first attends through an explicit mask, which
@@ -70,7 +75,7 @@ def _lcp(a: list[int], b: list[int]) -> int:
 class _Entry:
     """A KV cache and exactly the tokens it holds, computed under one adapter version."""
     ids: list[int]
-    cache: object
+    cache: DynamicCache | None       # None while joined into the decode batch (kvbatch.py)
     adapter: int = 0
     in_use: bool = True
     used_at: float = field(default_factory=time.monotonic)
@@ -101,8 +106,8 @@ class EmbeddedEngine:
         self.loaded_adapters: set[int] = set()
         self._set_adapter: int | None = None   # PEFT's current adapter, to skip needless switches
         self.parse_tools = True
-        self.model = None
-        self.tokenizer = None
+        self.model: PreTrainedModel | PeftModel | None = None   # the base, or PeftModel around it
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self._pending: collections.deque[Generation] = collections.deque()
         self._active: list[_Request] = []
         self._pool: list[_Entry] = []
@@ -149,8 +154,8 @@ class EmbeddedEngine:
         sys.setswitchinterval(0.0005)
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).eval()
-        self.base_model = self.model      # becomes a PeftModel around it at the first adapter
+        self.base_model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).eval()
+        self.model = self.base_model      # becomes a PeftModel around it at the first adapter
         self.model.generation_config.max_length = None  # we bound length ourselves
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -180,7 +185,7 @@ class EmbeddedEngine:
         self.decode_path = f"fast step, {want} weights"
         return FastDecoder(self.base_model, want)
 
-    def _fast_name(self, version: int) -> str | None | bool:
+    def _fast_name(self, version: int) -> str | None | Literal[False]:
         """The fast step's name for `version` (None = the base), or False where it cannot
         decode it (an adapter it could not read: PEFT's path serves that version)."""
         if self.fast is None:
@@ -232,19 +237,19 @@ class EmbeddedEngine:
                 self.model = PeftModel.from_pretrained(self.base_model, str(path), adapter_name=name)
                 self.model.eval()
             else:
-                self.model.load_adapter(str(path), adapter_name=name)
+                self._peft().load_adapter(str(path), adapter_name=name)
             if self.fast is not None:
                 try:
                     self.fast.add_adapter(self.model, name)
                 except ValueError as e:
                     log(f"adapter {name}: {e}; it decodes through PEFT")
                 else:   # live at once, unmerged; merged (as fast as the base) a few seconds later
-                    threading.Thread(target=self._merge, args=(name,), daemon=True,
+                    threading.Thread(target=self._merge, args=(self.fast, name), daemon=True,
                                      name=f"clawrl-merge-{name}").start()
             self.loaded_adapters.add(version)
         return self._call_in_worker(load)
 
-    def _merge(self, name: str) -> None:
+    def _merge(self, fast: FastDecoder, name: str) -> None:
         """Off the worker thread: pack the weights with adapter `name` merged in for the fast
         step. Until it is done, and if it fails, the adapter decodes unmerged."""
         torch.set_num_threads(1)    # a second thread pool would slow the worker (see load)
@@ -254,7 +259,7 @@ class EmbeddedEngine:
             pass
         t0 = time.perf_counter()
         try:
-            if self.fast.merge_adapter(self.model, name):
+            if fast.merge_adapter(self.model, name):
                 log(f"adapter {name} merged into the decode weights in "
                     f"{time.perf_counter() - t0:.1f} s")
         except Exception as e:     # unloaded meanwhile, or out of memory: unmerged still serves
@@ -265,7 +270,7 @@ class EmbeddedEngine:
         def unload():
             busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
             if version in self.loaded_adapters and version not in busy and version != self.adapter_version:
-                self.model.delete_adapter(f"v{version}")
+                self._peft().delete_adapter(f"v{version}")
                 if self.fast is not None:
                     self.fast.drop_adapter(f"v{version}")
                 if self._set_adapter == version:
@@ -282,6 +287,10 @@ class EmbeddedEngine:
             raise ValueError(f"adapter version {version} is not loaded")
         self.adapter_version = version
 
+    def _peft(self) -> PeftModel:
+        """The PeftModel around the base: what self.model is once an adapter was loaded."""
+        return cast("PeftModel", self.model)
+
     def _adapter_call(self, reqs):
         """Keyword arguments and context for a forward over `reqs`. One shared version takes
         PEFT's plain path (set_adapter / disable_adapter); only a batch that mixes versions pays
@@ -294,9 +303,9 @@ class EmbeddedEngine:
                     contextlib.nullcontext())
         (version,) = versions
         if version == 0:
-            return {}, self.model.disable_adapter()
+            return {}, self._peft().disable_adapter()
         if self._set_adapter != version:
-            self.model.set_adapter(f"v{version}")
+            self._peft().set_adapter(f"v{version}")
             self._set_adapter = version
         return {}, contextlib.nullcontext()
 
@@ -315,6 +324,7 @@ class EmbeddedEngine:
 
     # -- worker ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        assert self._batch is not None      # _load made it
         torch.set_num_threads(self.cfg.engine.threads or os.cpu_count() or 1)
         while True:
             with self._cv:
@@ -324,7 +334,7 @@ class EmbeddedEngine:
                     break
                 commands = list(self._commands)
                 self._commands.clear()
-                admit = []
+                admit: list[Generation] = []
                 while self._pending and len(self._active) + len(admit) < self.cfg.engine.max_concurrent:
                     admit.append(self._pending.popleft())
             for fn, fut in commands:
@@ -358,6 +368,7 @@ class EmbeddedEngine:
 
     def _guarded(self, reqs: list[_Request], work) -> None:
         """Run work on requests; if it fails, fail them (a bad request must not stop the engine)."""
+        assert self._batch is not None      # _load made it
         try:
             work(reqs)
         except Exception as e:
@@ -371,6 +382,7 @@ class EmbeddedEngine:
                     req.gen.close(error=e)
 
     def _done(self, req: _Request, finish: Finish | None) -> None:
+        assert self._batch is not None      # _load made it
         if req in self._batch.members:
             self._batch.split()
         if finish is not None:
@@ -389,6 +401,7 @@ class EmbeddedEngine:
         name = self._fast_name(req.adapter)
         end = len(ids) - 1 if name is not False else len(ids)
         if fed >= end:
+            assert self.fast is not None and name is not False   # end is one short on the fast step only
             logits = self.fast.step([ids[-1]], [fed], req.entry.cache, adapter=name)[0]
             req.entry.ids.append(ids[-1])
             self._emit(req, logits)
@@ -399,34 +412,38 @@ class EmbeddedEngine:
             self._emit(req, logits)
 
     def _decode(self, reqs: list[_Request]) -> None:
+        assert self._batch is not None      # _load made it
+        tokens = [r.next_token for r in reqs if r.next_token is not None]
+        assert len(tokens) == len(reqs)     # _pass decodes only the requests with a token to feed
         names = {self._fast_name(r.adapter) for r in reqs}
-        fast = len(names) == 1 and False not in names      # one version the fast step knows
+        name = names.pop() if len(names) == 1 else False   # one version the fast step knows, or False
         if len(reqs) == 1:
             if self._batch.members:
                 self._batch.split()
             req = reqs[0]
-            if fast:
-                logits = self.fast.step([req.next_token], [len(req.entry.ids)], req.entry.cache,
-                                        adapter=names.pop())
-                req.entry.ids.append(req.next_token)
+            if name is not False:
+                assert self.fast is not None    # _fast_name says False without it
+                logits = self.fast.step(tokens, [len(req.entry.ids)], req.entry.cache, adapter=name)
+                req.entry.ids.append(tokens[0])
             else:
-                logits = self._forward(req, [req.next_token]).unsqueeze(0)
+                logits = self._forward(req, tokens).unsqueeze(0)
         else:
             if not self._batch.matches(reqs):
                 self._batch.split()
                 self._batch.join(reqs)
-            if fast:
-                logits = self._batch.step_with(self.fast, [r.next_token for r in reqs], names.pop())
+            if name is not False:
+                logits = self._batch.step_with(self.fast, tokens, name)
             else:
                 kwargs, ctx = self._adapter_call(reqs)
                 with ctx:
-                    logits = self._batch.step(self.model, [r.next_token for r in reqs], kwargs)
+                    logits = self._batch.step(self.model, tokens, kwargs)
         for req, row in zip(list(reqs), logits):
             self._emit(req, row)
 
     def _admit(self, gen: Generation) -> _Request:
         from transformers import DynamicCache
 
+        assert self._batch is not None      # _load made it
         ids = gen.prompt_ids
         best, best_n = None, 0
         for e in self._pool:
@@ -444,6 +461,7 @@ class EmbeddedEngine:
             else:
                 cache = best.cache
                 self._pool.remove(best)
+            assert cache is not None         # split() gave the batch's caches back
             cache.crop(-(cache.get_seq_length() - best_n))
             entry = _Entry(list(ids[:best_n]), cache, gen.adapter)
         else:
@@ -462,6 +480,7 @@ class EmbeddedEngine:
 
     @torch.inference_mode()
     def _forward(self, req: _Request, tokens: list[int]) -> torch.Tensor:
+        assert self.model is not None       # _load made it
         kwargs, ctx = self._adapter_call([req])
         with ctx:
             out = self.model(input_ids=torch.tensor([tokens]), cache=req.entry.cache, use_cache=True,
@@ -500,9 +519,12 @@ class EmbeddedEngine:
         """The text the newest token adds. Only a short window is decoded (a token's text depends
         on its neighbours, not on the whole answer), so each step costs the same however long the
         answer grows; a multi-byte character split across tokens waits for its last byte."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None        # _load made it
+
         def decode(ids):
-            return self.tokenizer.decode(ids, skip_special_tokens=True,
-                                         clean_up_tokenization_spaces=False)
+            return tokenizer.decode(ids, skip_special_tokens=True,
+                                    clean_up_tokenization_spaces=False)
         ids = req.out_ids
         before = decode(ids[req.prefix_offset:req.read_offset])
         after = decode(ids[req.prefix_offset:])

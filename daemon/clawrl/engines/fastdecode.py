@@ -122,24 +122,25 @@ def _check_adapter(peft_model, name: str) -> None:
             raise ValueError("a DoRA adapter has no fast decode step")
 
 
-def layer_weights(layer, merge: str | None = None) -> dict:
-    """A decoder layer's projection weights (and biases) by name; with `merge`, that LoRA adapter
-    folded in (W + scale · B A), as PEFT's merge computes it."""
+def layer_weights(layer, merge: str | None = None) -> dict[str, torch.Tensor]:
+    """A decoder layer's projection weights, and biases where it has them ("q_proj", "q_proj.bias"),
+    by name; with `merge`, that LoRA adapter folded in (W + scale · B A), as PEFT's merge computes it."""
     out = {}
     for part in PARTS:
         m = _module(layer, part)
         out[part] = merged_weight(m, merge)
-        out[part + ".bias"] = None if _base(m).bias is None else _base(m).bias.detach()
+        if _base(m).bias is not None:
+            out[part + ".bias"] = _base(m).bias.detach()
     return out
 
 
 class _Layer:
     def __init__(self, layer, kind: str, merge: str | None = None):
         w = layer_weights(layer, merge)
-        qkv_bias = None if w["q_proj.bias"] is None else \
+        qkv_bias = None if "q_proj.bias" not in w else \
             torch.cat([w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"]])
         self.qkv = _Matrix(torch.cat([w["q_proj"], w["k_proj"], w["v_proj"]]), qkv_bias, kind)
-        self.o = _Matrix(w["o_proj"], w["o_proj.bias"], kind)
+        self.o = _Matrix(w["o_proj"], w.get("o_proj.bias"), kind)
         self.gate_up = _Matrix(torch.cat([w["gate_proj"], w["up_proj"]]), None, kind)
         self.down = _Matrix(w["down_proj"], None, kind)
         self.norm1 = layer.input_layernorm.weight.detach().float()
@@ -287,9 +288,9 @@ class FastDecoder:
         merged = self._merged.get(adapter) if adapter else None
         lora = self._lora.get(adapter) if adapter and not merged else None
         layers, head = merged or (self.layers, self.lm_head)
-        first = cache.layers[0] if getattr(cache, "layers", None) else None
-        filled = first is not None and getattr(first, "keys", None) is not None and first.keys.numel()
-        kv_dtype = first.keys.dtype if filled else torch.float32   # the prefill's, else float32
+        first_keys = getattr(cache.layers[0], "keys", None) if getattr(cache, "layers", None) else None
+        # the prefill's, else float32
+        kv_dtype = first_keys.dtype if first_keys is not None and first_keys.numel() else torch.float32
         for i, layer in enumerate(layers):
             ad = lora[i] if lora else None
             y = self._norm(x, layer.norm1)
@@ -318,4 +319,4 @@ class FastDecoder:
             x = x + down
         y = self._norm(x, self.norm)
         logits = head(y)
-        return _Lora.apply(logits, y, self._head_lora.get(adapter)) if lora else logits
+        return _Lora.apply(logits, y, self._head_lora.get(adapter)) if adapter and lora else logits

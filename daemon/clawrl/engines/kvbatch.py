@@ -54,6 +54,7 @@ class DecodeBatch:
 
         if not self.members:
             return
+        assert self.mask is not None     # join() made it with the members
         longest = self.mask.shape[1]
         for row, r in enumerate(self.members):
             start = longest - int(self.mask[row].sum())
@@ -65,6 +66,7 @@ class DecodeBatch:
     @torch.inference_mode()
     def step(self, model, tokens: list[int], extra: dict | None = None) -> torch.Tensor:
         """Feed one token per row; return the next-token logits, one row per member."""
+        assert self.mask is not None     # a step follows join()
         positions = self.mask.sum(dim=1, keepdim=True)
         self.mask = torch.cat([self.mask, torch.ones(len(tokens), 1, dtype=torch.long)], dim=1)
         out = model(input_ids=torch.tensor(tokens).unsqueeze(1), attention_mask=self.mask,
@@ -75,6 +77,7 @@ class DecodeBatch:
 
     def step_with(self, fast, tokens: list[int], adapter: str | None) -> torch.Tensor:
         """The same step through the fast decode step (engines/fastdecode.py), on `adapter`."""
+        assert self.mask is not None     # a step follows join()
         positions = self.mask.sum(dim=1)
         self.mask = torch.cat([self.mask, torch.ones(len(tokens), 1, dtype=torch.long)], dim=1)
         logits = fast.step(tokens, positions, self.cache, self.mask, adapter)

@@ -80,14 +80,16 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def _spawn(self) -> None:
+    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+        assert self.log_path is not None     # remote.py passes a log with every command it launches
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            out.write(f"\n--- clawrl starts: {shlex.join(self.argv)}\n".encode())
+            out.write(f"\n--- clawrl starts: {shlex.join(argv)}\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=die_with_parent)
+        return self.proc
 
     def _wait_healthy(self) -> bool:
         """Until /health answers, the process exits, the timeout passes or stop() is called."""
@@ -117,7 +119,7 @@ class ServerProcess:
         while not self._stop.is_set():
             self.state = "starting"
             try:
-                self._spawn()
+                proc = self._spawn(self.argv)
             except OSError as e:
                 return self._fail_first_start(
                     f"could not start the {self.kind} server with {shlex.join(self.argv)!r}: {e}. "
@@ -133,13 +135,13 @@ class ServerProcess:
                     log.exception("%s server restarted but could not be prepared", self.kind)
                     self.available, self.state = True, "running"
                 self.first_start.set()
-                log.info("%s server ready at %s (pid %d)", self.kind, self.url, self.proc.pid)
-                while self.proc.poll() is None and not self._stop.is_set():
+                log.info("%s server ready at %s (pid %d)", self.kind, self.url, proc.pid)
+                while proc.poll() is None and not self._stop.is_set():
                     if not self.available and self._healthy():   # a request failed, it lives on
                         self.available = True
                     self._stop.wait(HEALTH_POLL_S)
             elif not self.first_start.is_set() and not self._stop.is_set():
-                code = self.proc.poll()
+                code = proc.poll()
                 self._kill()
                 return self._fail_first_start(
                     f"the {self.kind} server did not become healthy at {self.url}/health "
@@ -150,7 +152,7 @@ class ServerProcess:
             if self._stop.is_set():
                 break
             self._kill()
-            self.last_exit = self.proc.returncode
+            self.last_exit = proc.returncode
             if time.monotonic() - started > HEALTHY_RUN_S:
                 delay = BACKOFF_START            # it ran a good while: not a crash loop
             self.restarts += 1

@@ -18,6 +18,7 @@ import json
 import logging
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -29,6 +30,9 @@ from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, TaskGeneration, render_checked
 from .launcher import ServerProcess
 from .registry import AdapterRegistry
+
+if TYPE_CHECKING:   # transformers loads with the model, not with this module
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("clawrl.engine")
 # Between two streamed chunks a server may spend a long prefill; a silent minute is a dead server.
@@ -142,7 +146,7 @@ class RemoteEngine:
         self.registry = AdapterRegistry()
         self.paths: dict[int, Path] = {}
         self.server: ServerProcess | None = None
-        self.tokenizer = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.eos_ids: set[int] = set()
         self.info: dict = {}
         self.server_version = ""       # what the server says it is, read at every (re)start
@@ -268,6 +272,7 @@ class RemoteEngine:
         return gen
 
     async def _run(self, gen: RemoteGeneration, name: str | None) -> None:
+        assert self.server is not None      # submit() runs requests only on a started server
         text = TextStream(self.tokenizer)
 
         def finished(reason: str) -> Finish:
@@ -318,6 +323,7 @@ class RemoteEngine:
         try:
             self._server_load(name, path.resolve())
         except httpx.HTTPError as e:
+            assert self.server is not None  # adapters load on a started server (load() or on_ready)
             self.server.suspect()
             raise unavailable(self.kind, f"loading adapter {version:04d}: {e}") from None
         self.registry.add(version, name)

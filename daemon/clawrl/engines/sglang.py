@@ -129,6 +129,7 @@ class SGLangEngine(RemoteEngine):
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         body = generate_body(gen.prompt_ids, gen.params, name)
         seen, prompt_tokens, cached = 0, len(gen.prompt_ids), 0
+        assert self._aclient is not None     # submit() made it
         async with self._aclient.stream("POST", f"{self.url}/generate", json=body) as r:
             if r.status_code != 200:
                 await r.aread()
@@ -152,7 +153,7 @@ class SGLangEngine(RemoteEngine):
                 cached = meta.get("cached_tokens", cached) or 0
                 finish = meta.get("finish_reason")
                 if finish:
-                    kind = finish.get("type") if isinstance(finish, dict) else str(finish)
+                    kind = finish.get("type", "") if isinstance(finish, dict) else str(finish)
                     if kind == "abort":
                         raise upstream_error(self.kind, r, f"request aborted: "
                                                            f"{finish.get('message', finish)}")

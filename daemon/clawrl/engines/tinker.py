@@ -40,6 +40,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..adapters import versions as adapters
 from ..config import Config
@@ -47,6 +48,10 @@ from ..errors import AdapterRefused, ConfigError, ModelError, RequestError
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, TaskGeneration, render_checked
 from .remote import TextStream
+
+if TYPE_CHECKING:   # the SDK and transformers load with the engine, not with this module
+    import tinker
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("clawrl.engine")
 RETRIES, BACKOFF_START = 3, 1.0               # a request: 4 tries, 1 + 2 + 4 s apart
@@ -99,7 +104,7 @@ def base_model_name(cfg: Config) -> str:
     return cfg.engine.base_model or cfg.model.name
 
 
-def load_tokenizer(cfg: Config, base_sampler) -> tuple[object, set[int]]:
+def load_tokenizer(cfg: Config, base_sampler) -> tuple[PreTrainedTokenizerBase, set[int]]:
     """The served model's tokenizer and its end-of-turn token ids."""
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -174,10 +179,10 @@ class TinkerEngine:
         self.parse_tools = True
         self.base_model = base_model_name(cfg)
         self.service_factory = service_factory or default_service
-        self.service = None
+        self.service: tinker.ServiceClient | None = None    # or a stand-in from service_factory
         self.samplers: dict[int, object] = {}    # version -> SamplingClient (0 = the base model)
         self.paths: dict[int, str] = {}          # version -> its sampler weights on Tinker
-        self.tokenizer = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.eos_ids: set[int] = set()
         self.failures = 0                        # consecutive requests that failed after retries
         self.open_until = 0.0                    # until then new requests get 503 at once
@@ -330,6 +335,7 @@ class TinkerEngine:
             raise AdapterRefused(f"adapter {version:04d} holds local weights; the Tinker engine "
                                  "serves versions its trainer saved on Tinker")
         sampler_path = adapters.read_remote(path).get("sampler_path")
+        assert self.service is not None     # adapters load after load()
         try:
             client = resolved(self.service.create_sampling_client(model_path=sampler_path,
                                                                   retry_config=no_sdk_retries()))
@@ -340,6 +346,7 @@ class TinkerEngine:
                                  f"{type(e).__name__}: {e}") from None
         except tinker.APIConnectionError as e:
             raise unavailable(f"loading adapter {version:04d}: {e}", COOLDOWN_START) from None
+        assert sampler_path is not None     # create_sampling_client refused None (ValueError)
         self.samplers[version], self.paths[version] = client, sampler_path
         log.info("adapter %04d samples from %s", version, sampler_path)
 

@@ -126,7 +126,9 @@ class VLLMEngine(RemoteEngine):
 
     async def _stream(self, gen: RemoteGeneration, name: str | None, text: TextStream) -> Finish:
         body = completion_body(name or self.served_name, gen.prompt_ids, gen.params)
-        reason, usage = None, {}
+        reason = ""                      # the server's finish_reason ("stop" when it gives none)
+        usage: dict = {}
+        assert self._aclient is not None     # submit() made it
         async with self._aclient.stream("POST", f"{self.url}/v1/completions", json=body) as r:
             if r.status_code != 200:
                 await r.aread()

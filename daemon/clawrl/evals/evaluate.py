@@ -101,6 +101,7 @@ class Child:
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
+        assert self.proc is not None        # start() made it
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise ClawrlError(f"the eval daemon exited; see {self.home / 'daemon.log'}")

@@ -14,7 +14,7 @@ import asyncio
 import json
 import re
 from collections import Counter
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import httpx
 
@@ -272,6 +272,12 @@ def rules_hint(text: str) -> str | None:
     return text if len(text) > MIN_HINT_CHARS else None
 
 
+class Judge(Protocol):
+    """What the judging loop calls: the rules and model judges here, and probe.ProbeJudge."""
+
+    async def judge(self, inp: JudgeInput) -> Judgment: ...
+
+
 class RulesJudge:
     """A deterministic English judge for tiny setups and tests: no model involved.
 
@@ -281,7 +287,7 @@ class RulesJudge:
     async def judge(self, inp: JudgeInput) -> Judgment:
         previous = next((content_text(m.get("content")) for m in reversed(inp.context)
                          if m.get("role") == "user"), "")
-        results = []
+        results: list[tuple[int, str, str | None]] = []
         for m in inp.next_state:
             text = content_text(m.get("content"))
             if m.get("role") == "tool":

@@ -20,7 +20,7 @@ from ..chat.format import content_text
 from ..background import BackgroundLoop, FailingPass
 from ..config import Config
 from ..engines.base import token_budget
-from .judges import make_judge, openai_complete
+from .judges import Judge, make_judge, openai_complete
 from ..metrics import Metrics
 from ..turnlog.rows import turn
 from ..turnlog.store import Store
@@ -95,8 +95,8 @@ class Judging(BackgroundLoop):
         self.cfg, self.store, self.engine = cfg, store, engine
         self.metrics = metrics or Metrics()
         # The probe's head needs the base model and minutes to fit the first time: made in _run.
-        self.judge = None if cfg.judge.backend == "probe" else judge_for(cfg, cfg.judge.backend,
-                                                                          engine)
+        self.judge: Judge | None = (None if cfg.judge.backend == "probe"
+                                    else judge_for(cfg, cfg.judge.backend, engine))
         self.wake = asyncio.Event()
         self.defer_s = 0.0      # how long a pass waits for serving: set once the probe is built
 
@@ -158,6 +158,7 @@ class Judging(BackgroundLoop):
     async def _judge_one(self, row: dict) -> None:
         try:
             inp = judge_input(row, self.cfg.judge.context_messages)
+            assert self.judge is not None       # _run sets one (the probe or the rules) before any pass
             result = await asyncio.wait_for(self.judge.judge(inp), CALL_TIMEOUT)
         except asyncio.CancelledError:
             raise

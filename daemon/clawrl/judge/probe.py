@@ -23,8 +23,10 @@ import os
 import shutil
 import threading
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -103,7 +105,7 @@ class Reader:
 
     def _render(self, messages: list[dict]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        if isinstance(ids, Mapping):     # a BatchEncoding (return_dict, transformers 5's default) or a dict
             ids = ids["input_ids"]
         return list(ids)
 
@@ -118,9 +120,12 @@ class Reader:
         if n == 0:
             return [], []
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
         cache = DynamicCache()
         self.model(input_ids=torch.tensor([a[:n]]), cache=cache, use_cache=True)
-        return a[:n], [(layer.keys, layer.values) for layer in cache.layers[:len(self.model.layers)]]
+        # Cache.layers is typed for any model's layers; a DynamicCache() built without a config only holds these
+        layers = cast(list[DynamicLayer], cache.layers[:len(self.model.layers)])
+        return a[:n], [(layer.keys, layer.values) for layer in layers]
 
     def _head_cache(self):
         """A fresh cache holding the template's head: a reading appends to it by concatenation,
@@ -279,9 +284,9 @@ class ProbeJudge:
                 vote, why = tool_vote(text)
                 results.append((vote, f"tool: {why}", None))
             elif m.get("role") == "user":
-                why = unreadable(text)
-                if why:
-                    results.append((0, f"probe: {why}", None))
+                unread = unreadable(text)
+                if unread:
+                    results.append((0, f"probe: {unread}", None))
                 else:
                     to_read.append(text)
         if to_read:

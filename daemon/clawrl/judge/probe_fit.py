@@ -89,13 +89,14 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
         raise ProbeError("the probe needs every label (-1, 0, +1) in both train and dev data")
     mean, std = x_tr.mean(0), x_tr.std(0).clamp(min=1e-4)
     z_tr, z_dev = (x_tr - mean) / std, (x_dev - mean) / std
-    best = None
+    best: tuple[float, float, torch.Tensor, torch.Tensor] | None = None
     for l2 in L2_GRID:
         w, b = _fit(z_tr, y_tr, l2)
         loss = torch.nn.functional.cross_entropy(z_dev @ w.T + b, _labels_index(gold_dev)).item()
         say(f"L2 {l2:g}: dev log-loss {loss:.3f}")
         if best is None or loss < best[0]:
             best = (loss, l2, w, b)
+    assert best is not None     # L2_GRID is not empty
     _, l2, w, b = best
     probs = torch.softmax(z_dev @ w.T + b, dim=-1)
     threshold, approval, dev_score = _choose_thresholds(probs, gold_dev)

@@ -71,7 +71,9 @@ def examples(db: sqlite3.Connection, size: int) -> list[Example]:
             log(f"consolidation: {e}; left out")
             continue
         if prompt and response:
-            out.append(Example(r["id"], prompt, response, reward_of(r) > 0))
+            reward = reward_of(r)
+            assert reward is not None       # a JUDGED row has one
+            out.append(Example(r["id"], prompt, response, reward > 0))
     return out
 
 
@@ -153,6 +155,7 @@ def due(cfg: Config, db: sqlite3.Connection, root: Path, now: float | None = Non
         if quiet < cfg.consolidate.idle_minutes * 60:
             return None
         return f"{new} new judged turns and no request for {quiet / 60:.0f} minutes"
+    assert at is not None               # a "daily" schedule comes with its time
     hour, minute = at
     today = dt.datetime.fromtimestamp(now).replace(hour=hour, minute=minute, second=0, microsecond=0)
     ran = max((last or {}).get("created_at", 0), status.get("started_at", 0))
@@ -221,8 +224,9 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     lock (it is the trainer, or `clawrl consolidate` on a stopped daemon)."""
     c = cfg.consolidate
     started = time.time()
-    status = {"state": "running", "request": request_id, "started_at": started, "pid": os.getpid(),
-              "step": 0, "steps": None, "loss": [], "version": None, "message": "reading the turn log"}
+    status: dict[str, object] = {"state": "running", "request": request_id, "started_at": started,
+                                 "pid": os.getpid(), "step": 0, "steps": None, "loss": [], "version": None,
+                                 "message": "reading the turn log"}
 
     def progress(update: dict) -> None:
         status.update(update)

@@ -18,6 +18,7 @@ import datetime
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -91,7 +92,7 @@ class Group:
         """True on every rank if it is true on any."""
         return any(self.gather(bool(flag)))
 
-    def sum_grads(self, params: list[torch.Tensor], stats: dict[str, float]) -> dict[str, float]:
+    def sum_grads(self, params: Sequence[torch.Tensor], stats: dict[str, float]) -> dict[str, float]:
         """Sum the gradients (each rank holds its shard's token-weighted share) and `stats` over
         the ranks, in one flat all-reduce."""
         if not self.active:

@@ -15,6 +15,7 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -52,7 +53,7 @@ def write(db: sqlite3.Connection, sql: str, rows: list[tuple]) -> None:
         raise
 
 
-def take_over(db: sqlite3.Connection, root: Path, stop) -> object:
+def take_over(db: sqlite3.Connection, root: Path, stop) -> TextIO:
     """A trainer's start: hold the adapters folder's trainer lock (waiting for a trainer left by a
     stopped daemon), remove half-written versions and mark what the versions on disk took.
     Returns the lock's open file; exits quietly if `stop` is set while it waits."""
@@ -124,7 +125,8 @@ def select_ready(db: sqlite3.Connection, method: str) -> list[int]:
         "SELECT id, feedback_reward, judge_score, feedback_comment, judge_hint,"
         " coalesce(response_ids, '[]') = '[]' AS no_response, prompt_ids = '[]' AS no_prompt"
         f" FROM turns WHERE {READY} ORDER BY id").fetchall()
-    keep, skip = [], []
+    keep: list[int] = []
+    skip: list[int] = []
     for r in rows:
         hint = pick_hint(r["feedback_comment"], r["judge_hint"])
         ok = not (r["no_response"] or r["no_prompt"]) and has_signal(method, reward_of(r), hint)

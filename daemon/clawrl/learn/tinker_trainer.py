@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,6 +46,9 @@ from .samples import connect, log, mark_skipped, next_batch, store_teacher, take
 from .teacher import teacher_prompt
 from .distributed import Group
 from .step import Abandoned, commit, history_baseline, settle, step_lr, summary, version_meta
+
+if TYPE_CHECKING:
+    from tinker import TrainingClient
 
 TRAIN_TIMEOUT_S = 3600.0          # one Tinker training call, queueing included
 DELETE_TIMEOUT_S = 60.0           # deleting one checkpoint
@@ -74,8 +78,9 @@ def logprob_datum(context: list[int], response: list[int]):
     import tinker
     inputs, targets = sequence(context, response)
     weights = [0.0] * (len(context) - 1) + [1.0] * len(response)
+    fields = {"target_tokens": targets, "weights": weights}
     return tinker.Datum(model_input=tinker.ModelInput.from_ints(inputs),
-                        loss_fn_inputs={"target_tokens": targets, "weights": weights})
+                        loss_fn_inputs=fields)  # type: ignore[arg-type]  # hint: TensorData; it converts lists
 
 
 def ppo_datum(context: list[int], response: list[int], old: list[float], adv: list[float]):
@@ -83,9 +88,9 @@ def ppo_datum(context: list[int], response: list[int], old: list[float], adv: li
     import tinker
     inputs, targets = sequence(context, response)
     pad = [0.0] * (len(context) - 1)
+    fields = {"target_tokens": targets, "logprobs": pad + list(old), "advantages": pad + list(adv)}
     return tinker.Datum(model_input=tinker.ModelInput.from_ints(inputs),
-                        loss_fn_inputs={"target_tokens": targets, "logprobs": pad + list(old),
-                                        "advantages": pad + list(adv)})
+                        loss_fn_inputs=fields)  # type: ignore[arg-type]  # hint: TensorData; it converts lists
 
 
 def response_logprobs(output: dict, n: int) -> torch.Tensor:
@@ -125,7 +130,7 @@ class TinkerTrainer:
         self.service = (service_factory or default_service)()
         self.teacher = resolved(self.service.create_sampling_client(base_model=self.base_model))
         self.tokenizer, _ = load_tokenizer(cfg, self.teacher)
-        self.training = None
+        self.training: TrainingClient | None = None      # the policy: made by load()
         self.parent: int | None = -1      # the version the policy continues (-1: none loaded yet)
         self.lineage: int | None = None   # the same, when its Tinker state could be resumed
         self.retry_at, self.backoff = 0.0, BACKOFF_START
@@ -173,6 +178,7 @@ class TinkerTrainer:
 
     # -- one step ---------------------------------------------------------------------------------------
     def teacher_logprobs(self, s: Sample) -> list[float]:
+        assert s.hint is not None       # prepare asks only for a hinted turn's teacher
         if s.teacher_logp is None:
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
             room = max(1, self.cfg.model.context_length - len(s.response_ids))
@@ -188,7 +194,7 @@ class TinkerTrainer:
     def prepare(self, samples: list[Sample]) -> list[dict]:
         """Context, response, old logprobs, advantages and importance weights of each sample."""
         t, method = self.cfg.train, self.cfg.method
-        items = []
+        items: list[dict] = []
         for s in samples:
             self.check_stop()
             teacher = None
@@ -196,6 +202,7 @@ class TinkerTrainer:
                 teacher = torch.tensor(self.teacher_logprobs(s))
             items.append({"sample": s, "context": s.prompt_ids[-t.max_prompt_tokens:],
                           "response": s.response_ids, "teacher": teacher})
+        assert self.training is not None        # _step loads the policy first
         try:
             out = self._call("forward", self.training.forward(
                 [logprob_datum(i["context"], i["response"]) for i in items], "cross_entropy"))
@@ -232,6 +239,7 @@ class TinkerTrainer:
         adv = torch.cat([i["adv"] for i in items])[None]
         weights = torch.cat([i["weights"] for i in items])[None]
         epochs = []
+        assert self.training is not None        # _step loads the policy first
         for _ in range(t.epochs):
             self.check_stop()
             self.dirty = True
@@ -253,6 +261,7 @@ class TinkerTrainer:
     def save(self, version: int) -> dict:
         """Tinker's training state and sampler weights for `version`: the pointer it is stored as."""
         name = f"clawrl-{version:04d}-{uuid.uuid4().hex[:6]}"
+        assert self.training is not None        # _step loads the policy first
         state = self.training.save_state(name)
         sampler = self.training.save_weights_for_sampler(name)
         return {"service": "tinker", "base_model": self.base_model,

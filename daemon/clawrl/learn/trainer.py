@@ -22,7 +22,8 @@ import sqlite3
 import threading
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, TypedDict
 
 # Set before torch loads: OpenMP's spin-wait slows every op on a 2-core box shared with serving.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -48,6 +49,14 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     """Log-probability of each token under its row of logits."""
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return torch.log_softmax(logits, dim=-1).gather(-1, index).squeeze(-1)
+
+
+class Outcome(TypedDict):
+    """What one rank found preparing its share of a batch; every rank reads every rank's."""
+    stop: bool              # shutdown was asked for
+    retry: str | None       # why the serving server's teacher cannot score now
+    skip: list[int]         # turns the model cannot take
+    teacher: list[tuple]    # teacher scores computed (Trainer.fresh_teacher), for the lead to store
 
 
 class Trainer:
@@ -77,6 +86,7 @@ class Trainer:
         self.group.start(self.device)
         if self.group.active and self.lead:
             log(f"data-parallel over {self.group.world} processes ({self.device.type})")
+        self.autocast: Callable[[], AbstractContextManager[object]]
         if self.device.type == "cuda":
             self.autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)
         else:
@@ -103,7 +113,7 @@ class Trainer:
                                 category=FutureWarning)
         t0 = time.perf_counter()
         base = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        base.to(self.device)
+        base.to(self.device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) leaves self unbound
         t = self.cfg.train
         if parent is None:
             torch.manual_seed(0)   # the same first adapter from the same data
@@ -113,7 +123,7 @@ class Trainer:
             # network, so the PPO ratio starts at exactly 1.
             lora = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, target_modules=targets,
                               lora_dropout=0.0, task_type="CAUSAL_LM")
-            self.model = get_peft_model(base, lora)
+            self.model: PeftModel = get_peft_model(base, lora)
         else:
             # The saved adapter's rank and targets win over the recipe: a lineage keeps its shape.
             self.model = PeftModel.from_pretrained(base, adapters.version_dir(self.root, parent),
@@ -149,6 +159,7 @@ class Trainer:
     def teacher_logprobs(self, s: Sample) -> list[float]:
         """The frozen base, shown the hint, scores the served tokens (and, with opd.topk, keeps
         its K most likely tokens per position); stored on the turn once."""
+        assert s.hint is not None       # prepare asks only for a hinted turn's teacher
         k = self.cfg.opd.topk
         if (s.teacher_logp is None or (k and s.teacher_topk is None)) and self.remote_teacher:
             context = teacher_prompt(self.tokenizer, s.request, s.hint)
@@ -261,7 +272,8 @@ class Trainer:
     def prepare_batch(self, samples: list[Sample]) -> list[dict] | None:
         """This rank's share of the batch, prepared; None on every rank when any rank cannot
         (shutdown: Abandoned; the serving server down; a turn the model cannot take, skipped)."""
-        batch, outcome = [], {"stop": False, "retry": None, "skip": []}
+        batch: list[dict] = []
+        outcome: Outcome = {"stop": False, "retry": None, "skip": [], "teacher": []}
         self.fresh_teacher = []
         for s in self.group.shard(samples):
             if self.stop.is_set():
@@ -335,7 +347,8 @@ class Trainer:
         meta = version_meta(cfg, samples, stats, lr, t0, self.parent,
                             {"name": cfg.model.name, "source": cfg.model.source,
                              "path": str(self.model_path)})
-        commit(self, version, samples, self.model.save_pretrained, meta)
+        # peft types save_pretrained's folder as str; it takes the Path that write_version passes
+        commit(self, version, samples, self.model.save_pretrained, meta)  # type: ignore[arg-type]
         log(f"version {version:04d}: {summary(meta)}")
         return version
 

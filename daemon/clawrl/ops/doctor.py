@@ -291,7 +291,9 @@ def check_plugin(doc: dict, config_path: Path) -> Check:
     name = "plugin"
     fix = (f"run `openclaw plugins install -l {EXTENSION_DIR} --force --accept-capabilities`, "
            "then `openclaw gateway restart`")
-    plugins = doc.get("plugins") if isinstance(doc.get("plugins"), dict) else {}
+    plugins = doc.get("plugins")
+    if not isinstance(plugins, dict):
+        plugins = {}
     if plugins.get("enabled") is False:
         return problem(name, "plugins.enabled is false: no plugin loads", "set plugins.enabled to true")
     if oc.PLUGIN_ID in (plugins.get("deny") or []):
@@ -299,7 +301,8 @@ def check_plugin(doc: dict, config_path: Path) -> Check:
     allow = plugins.get("allow")
     if isinstance(allow, list) and oc.PLUGIN_ID not in allow:
         return problem(name, f"plugins.allow does not list {oc.PLUGIN_ID}", f"add {oc.PLUGIN_ID} to plugins.allow")
-    candidates, missing = [], []
+    candidates: list[Path] = []
+    missing: list[Path] = []
     for p in (plugins.get("load") or {}).get("paths") or []:
         path = Path(str(p)).expanduser()
         path = path if path.is_absolute() else config_path.parent / path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 
 from starlette.requests import Request
 
@@ -70,6 +71,7 @@ def _check(value) -> None:
         container, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise _too_deep()
+        items: Iterable[object]
         if isinstance(container, dict):
             for key in container:
                 _check_text(key)

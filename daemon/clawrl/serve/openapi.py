@@ -106,26 +106,27 @@ def schemas(context_length: int) -> dict:
     attribution = {"type": "string", "maxLength": 256}
     flag = {"type": ["boolean", "integer", "string"], "description": "true, 1, \"yes\", \"on\""}
     # null is the same as leaving a field out, as with OpenAI.
+    optional: dict[str, dict] = {
+        "model": {"type": "string"},
+        "tools": {"type": "array", "items": tool},
+        "n": {"const": 1},
+        "max_tokens": tokens, "max_completion_tokens": tokens,
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stop": {"anyOf": [{"type": "string"},
+                           {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {
+            "include_usage": _nullable({"type": "boolean"})}},
+        "seed": {"type": "integer", "minimum": -2**63, "maximum": 2**64 - 1},
+        "logprobs": {"type": "boolean"},
+        # The attribution headers' body twins, for clients that cannot set headers.
+        "session_id": attribution, "turn_kind": attribution, "user_id": attribution,
+        "turn_type": {"enum": ["main", "side", ""]},
+        "session_done": flag, "no_train": flag}
     chat = {"type": "object", "required": ["messages"], "properties": {
         "messages": {"type": "array", "minItems": 1, "items": message},
-        **{key: _nullable(schema) for key, schema in {
-            "model": {"type": "string"},
-            "tools": {"type": "array", "items": tool},
-            "n": {"const": 1},
-            "max_tokens": tokens, "max_completion_tokens": tokens,
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-            "stop": {"anyOf": [{"type": "string"},
-                               {"type": "array", "maxItems": 4, "items": {"type": "string"}}]},
-            "stream": {"type": "boolean"},
-            "stream_options": {"type": "object", "properties": {
-                "include_usage": _nullable({"type": "boolean"})}},
-            "seed": {"type": "integer", "minimum": -2**63, "maximum": 2**64 - 1},
-            "logprobs": {"type": "boolean"},
-            # The attribution headers' body twins, for clients that cannot set headers.
-            "session_id": attribution, "turn_kind": attribution, "user_id": attribution,
-            "turn_type": {"enum": ["main", "side", ""]},
-            "session_done": flag, "no_train": flag}.items()},
+        **{key: _nullable(schema) for key, schema in optional.items()},
         "tool_choice": {"description": "\"none\" drops the tools; anything else is ignored"}}}
     completion = {"type": "object", "required": ["id", "object", "choices", "usage"], "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion"},

@@ -241,7 +241,7 @@ async def _complete(turn: _Turn) -> JSONResponse:
     finally:
         turn.gen.cancel()
         await turn.record(status, error)
-    message = {"role": "assistant", "content": turn.parser.content}
+    message: dict[str, object] = {"role": "assistant", "content": turn.parser.content}
     if turn.thinking.reasoning:
         message["reasoning_content"] = turn.thinking.reasoning
     if turn.tool_calls:
@@ -294,6 +294,7 @@ async def chat_completions(request: Request) -> Response:
                          "top_p": params.top_p, "stop": params.stop, "seed": params.seed}}
     try:
         # Written while the engine prefills, and before any byte reaches the client.
+        assert state.store is not None   # the lifespan opens it before serving
         turn.turn_id = await state.store.begin_turn(
             att, record, prompt_ids, engine.model_id, engine.adapter_version,
             skills=state.skills.in_force() if state.skills else None)
@@ -327,6 +328,7 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     state: DaemonState = request.app.state.daemon
     if state.ready:
+        assert state.store is not None   # the lifespan opens it before the model loads
         counts = await state.store.counts()
         trainer = state.trainer.status()["state"] if state.trainer else "off"
         return JSONResponse({"status": "ready", "model": state.engine.model_id,
@@ -372,7 +374,8 @@ def build_app(state: DaemonState, lifespan=None) -> Starlette:
         # Outermost first: responses refused for a missing API key are counted too.
         middleware=[Middleware(MetricsMiddleware, metrics=state.metrics),
                     Middleware(ApiKeyMiddleware, api_key=state.cfg.server.api_key)],
-        exception_handlers={RequestError: _request_error, HTTPException: _http_error,
+        # starlette types every handler as taking any Exception; each gets only its key's type.
+        exception_handlers={RequestError: _request_error, HTTPException: _http_error,  # type: ignore[dict-item]
                             Exception: _server_error},
         lifespan=lifespan)
     app.state.daemon = state

@@ -57,6 +57,8 @@ async def _after_load(state: DaemonState) -> None:
         if state.load_error:
             return
         await asyncio.sleep(0.2)
+    # The lifespan made these before it started this task.
+    assert state.judging is not None and state.swapper is not None and state.trainer is not None
     state.judging.start()
     state.swapper.start()
     if state.cfg.train.enabled:
@@ -76,6 +78,7 @@ def _start_skills(state: DaemonState) -> None:
 
 async def _propose_skills(state: DaemonState) -> None:
     """Draft skills from corrections that keep coming back (see skill_proposals)."""
+    assert state.skills is not None   # started only when the skill bridge is
     proposals = Proposals(proposals_folder(state.cfg), state.skills.source)
     while True:
         await asyncio.sleep(PROPOSE_EVERY_S)

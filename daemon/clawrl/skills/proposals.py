@@ -14,6 +14,7 @@ did not put into words; corrections that say the same thing in different words a
 """
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import re
@@ -118,6 +119,7 @@ def draft(name: str, pref: dict) -> str:
 
 class Proposals:
     """The `skills-proposed/` folder: drafts, and what was proposed before."""
+    # `list` below is a method, so annotations after it in this class say `builtins.list`.
 
     def __init__(self, folder: Path, source: Path):
         self.folder, self.source = folder, source
@@ -145,7 +147,7 @@ class Proposals:
                         "path": str(d.parent)})
         return out
 
-    def propose(self, db_path: Path, min_sessions: int) -> list[str]:
+    def propose(self, db_path: Path, min_sessions: int) -> builtins.list[str]:
         """Write a draft for each new preference; return the new drafts' names."""
         if min_sessions <= 0 or not db_path.exists():
             return []
@@ -195,7 +197,7 @@ class Proposals:
         shutil.rmtree(self._find(name))
         self._mark(name, "rejected")
 
-    def forget_user(self, user: str) -> list[str]:
+    def forget_user(self, user: str) -> builtins.list[str]:
         """Delete the drafts quoting `user`'s corrections and what was proposed for them (accepted
         skills are the user's own now and stay). Returns the deleted drafts' names."""
         state, gone = self._state(), []

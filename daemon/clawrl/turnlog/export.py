@@ -33,7 +33,8 @@ class Filters:
     judged_only: bool = False      # a judge score or explicit feedback: something to learn from
 
     def where(self) -> tuple[str, list]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[str | float] = []
         if self.session is not None:
             clauses.append("session_id = ?")
             args.append(self.session)

@@ -18,7 +18,9 @@ so). It is off with `[privacy] redact = false`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 MASK = "[REDACTED]"
 
@@ -56,13 +58,18 @@ class Redactor:
     patterns: list[re.Pattern] = field(default_factory=list)
 
     @classmethod
-    def default(cls, extra: list[str] = ()) -> "Redactor":
+    def default(cls, extra: Sequence[str] = ()) -> "Redactor":
         return cls([re.compile(p) for p in [*BUILTIN.values(), *extra]])
 
     @classmethod
     def from_config(cls, privacy) -> "Redactor":
         """From a config.PrivacyConfig (its patterns were checked at start-up)."""
         return cls.default(privacy.redact_patterns) if privacy.redact else cls([])
+
+    @overload
+    def text(self, s: str) -> tuple[str, int]: ...
+    @overload
+    def text(self, s: str | None) -> tuple[str | None, int]: ...
 
     def text(self, s: str | None) -> tuple[str | None, int]:
         """`s` with every secret masked, and how many were."""
@@ -80,18 +87,18 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
-            out, total = [], 0
+            items, total = [], 0
             for item in value:
                 item, n = self.json(item)
-                out.append(item)
+                items.append(item)
                 total += n
-            return out, total
+            return items, total
         if isinstance(value, dict):
-            out, total = {}, 0
+            fields, total = {}, 0
             for key, item in value.items():
-                out[key], n = self.json(item)
+                fields[key], n = self.json(item)
                 total += n
-            return out, total
+            return fields, total
         return value, 0
 
 

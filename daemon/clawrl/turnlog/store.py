@@ -184,7 +184,9 @@ class Store:
             async with self.db.execute(
                     "SELECT coalesce(max(turn_index)+1, 0) FROM turns WHERE session_id=?",
                     (att.session_id,)) as cur:
-                (index,) = await cur.fetchone()
+                row = await cur.fetchone()
+            assert row is not None   # an aggregate gives one row, even over no rows
+            (index,) = row
             if att.turn_type == "main":
                 await self._link_next_state(att.session_id, messages, now)
             cur = await self.db.execute(
@@ -195,6 +197,7 @@ class Store:
                  adapter_version, _dumps(request), len(messages), _dumps(prompt_ids), now,
                  _dumps(skills) if skills is not None else None))
             turn_id = cur.lastrowid
+            assert turn_id is not None   # every INSERT sets it
             await self.db.execute("COMMIT")
         except BaseException:
             await self.db.execute("ROLLBACK")
@@ -337,7 +340,9 @@ class Store:
                 " sum(judge_status='done'), sum(trainable AND next_state_at IS NOT NULL"
                 " AND status='complete' AND judge_status IS NULL)"
                 " FROM turns") as cur:
-            total, open_, with_next, judged, waiting = await cur.fetchone()
+            row = await cur.fetchone()
+        assert row is not None   # an aggregate gives one row, even over no rows
+        total, open_, with_next, judged, waiting = row
         async with self.db.execute(JUDGE_VS_FEEDBACK) as cur:
             agreement = judge_agreement(await cur.fetchone())
         return {"turns": total, "in_flight_or_incomplete": open_ or 0,

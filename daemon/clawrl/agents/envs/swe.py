@@ -111,7 +111,7 @@ class SweEnv(Env):
         for path, text in task.data["files"].items():
             box.write(path, text)
 
-    async def call(self, task: Task, box: Sandbox, name: str, raw_args) -> ToolOutcome:
+    async def call(self, task: Task, box: Sandbox, name: str | None, raw_args) -> ToolOutcome:
         if name == "bash":
             args = arguments(raw_args, ("command",))
             return refusal(args) if isinstance(args, str) else outcome(

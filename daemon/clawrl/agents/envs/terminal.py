@@ -123,7 +123,7 @@ class TerminalEnv(Env):
         for path, text in task.data["files"].items():
             box.write(path, text)
 
-    async def call(self, task: Task, box: Sandbox, name: str, raw_args) -> ToolOutcome:
+    async def call(self, task: Task, box: Sandbox, name: str | None, raw_args) -> ToolOutcome:
         if name != "bash":
             return refusal(f"unknown tool {name!r}; the only tool is bash")
         return await run_bash(box, raw_args)

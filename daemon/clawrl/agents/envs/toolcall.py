@@ -89,7 +89,7 @@ def _question(rng: random.Random) -> tuple[str, str, str, tuple]:
         return _question(rng)   # ties have no single answer: draw again
     table = "; ".join(f"{p}: {', '.join(map(str, v))}" for p, v in rows)
     return (kind, f"Three days of sales per product: {table}. Which product sold the most in total?",
-            max(totals, key=totals.get), tuple(products))
+            max(totals, key=totals.__getitem__), tuple(products))
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -116,7 +116,7 @@ class ToolCallEnv(Env):
         return Task(self.name, task_id(kind, question), kind, question,
                     {"answer": answer, "candidates": list(candidates)})
 
-    async def call(self, task: Task, box: Sandbox, name: str, raw_args) -> ToolOutcome:
+    async def call(self, task: Task, box: Sandbox, name: str | None, raw_args) -> ToolOutcome:
         if name != "python":
             return refusal(f"unknown tool {name!r}; the only tool is python")
         args = arguments(raw_args, ("code",))
