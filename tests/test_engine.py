@@ -133,6 +133,7 @@ def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_p
     want_lp = [float(v) for v in logits[len(ids) - 1:-1].log_softmax(-1)
                .gather(1, want.unsqueeze(1))[:, 0]]
 
+    before = [e.token_id for e in asyncio.run(generate(engine, prompt, 16))[0]]
     engine.load_adapter(1, tmp_path / "v1").result(timeout=60)
     try:
         engine.activate(1)
@@ -160,3 +161,6 @@ def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_p
     finally:
         engine.activate(0)
         assert engine.unload_adapter(1).result(timeout=60)
+    # The last adapter gone, the base serves as before it came (PEFT would fail on it).
+    assert [e.token_id for e in asyncio.run(generate(engine, prompt, 16))[0]] == before
+    assert engine.loaded_adapters == set()

@@ -69,7 +69,7 @@ class Generation:
         while self.finish is None and self.error is None:
             if await self._queue.get() is _DONE:
                 break
-        return self.finish or Finish("error", len(self.prompt_ids), 0)
+        return self.finish or Finish("error", len(self.prompt_ids), 0, adapter_version=self.adapter)
 
 
 class TaskGeneration(Generation):

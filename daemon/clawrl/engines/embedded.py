@@ -42,6 +42,7 @@ from .kvbatch import DecodeBatch
 
 if TYPE_CHECKING:   # transformers and peft load with the model, not with this module
     from peft import PeftModel
+    from peft.tuners.lora import LoraModel
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
@@ -270,7 +271,14 @@ class EmbeddedEngine:
         def unload():
             busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
             if version in self.loaded_adapters and version not in busy and version != self.adapter_version:
-                self._peft().delete_adapter(f"v{version}")
+                if self.loaded_adapters == {version}:
+                    # The last one: unwrap. PEFT keeps a deleted adapter as its active one, so a
+                    # base request through the PeftModel would fail; the base runs as it did
+                    # before any adapter, and the next load wraps it afresh.
+                    cast("LoraModel", self._peft().base_model).unload()   # LoRA versions only
+                    self.model = self.base_model
+                else:
+                    self._peft().delete_adapter(f"v{version}")
                 if self.fast is not None:
                     self.fast.drop_adapter(f"v{version}")
                 if self._set_adapter == version:

@@ -257,14 +257,22 @@ class Store:
             async with self.db.execute("SELECT 1 FROM sessions WHERE id=?", (session_id,)) as c:
                 if await c.fetchone() is None:
                     return None
-            cur = await self.db.execute(
-                "UPDATE sessions SET ended_at=? WHERE id=? AND ended_at IS NULL",
-                (time.time(), session_id))
-            await self.db.execute(
-                "UPDATE turns SET judge_status='no_next_state', judged_at=? WHERE id=("
-                " SELECT id FROM turns WHERE session_id=? AND turn_type='main'"
-                " ORDER BY turn_index DESC LIMIT 1) AND next_state_at IS NULL AND judge_status IS NULL",
-                (time.time(), session_id))
+            # One transaction: a crash between the two would leave an ended session whose last
+            # turn waits for a next state forever (the idle sweep never ends it again).
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = await self.db.execute(
+                    "UPDATE sessions SET ended_at=? WHERE id=? AND ended_at IS NULL",
+                    (time.time(), session_id))
+                await self.db.execute(
+                    "UPDATE turns SET judge_status='no_next_state', judged_at=? WHERE id=("
+                    " SELECT id FROM turns WHERE session_id=? AND turn_type='main'"
+                    " ORDER BY turn_index DESC LIMIT 1) AND next_state_at IS NULL AND judge_status IS NULL",
+                    (time.time(), session_id))
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
             return cur.rowcount > 0
 
     async def idle_sessions(self, idle_for: float) -> list[str]:
@@ -310,7 +318,8 @@ class Store:
             await self.db.execute(
                 "UPDATE turns SET judge_attempts=judge_attempts+1, judge_error=?, judge_retry_at=?,"
                 " judge_status=? WHERE id=?",
-                (error[:2000], time.time() + (retry_in or 0), None if retry_in else "failed", turn_id))
+                (error[:2000], time.time() + (retry_in or 0), None if retry_in is not None else "failed",
+                 turn_id))
 
     async def record_feedback(self, session_id: str, turn_id: int | None, reward: int,
                               comment: str | None, user_id: str | None) -> int | None:
