@@ -607,8 +607,10 @@ def test_a_secret_in_the_answer_drops_its_token_ids_and_the_turn_is_never_traine
     assert row["completion_tokens"] == 3
     if where == "nowhere":
         assert row["trainable"] == 1 and json.loads(row["response_ids"]) == [7, 8, 9]
+        assert json.loads(row["response_logprobs"]) == [-0.1] * 3
         return
     assert row["trainable"] == 0 and json.loads(row["response_ids"]) == []
+    assert json.loads(row["response_logprobs"]) == []          # none without their tokens
     assert TOKEN.encode() not in stored_bytes(db)
     stored_args = json.loads(json.loads(row["tool_calls"])[0]["function"]["arguments"])
     assert {"text": row["response_text"] == f"Stored {MASK}",

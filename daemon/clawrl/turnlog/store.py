@@ -233,7 +233,9 @@ class Store:
         error, _ = self.redactor.text(error)
         masked = masked or masked_thought or masked_calls
         if masked:
-            token_ids = []   # they spell the secret; the turn is no longer trainable (below)
+            # They spell the secret; the turn is no longer trainable (below), and logprobs
+            # without their tokens would only mislead an export.
+            token_ids, logprobs = [], []
         async with self.lock:
             await self.db.execute(
                 "UPDATE turns SET trainable=trainable AND ?, reasoning_text=?,"
