@@ -59,7 +59,6 @@ import json
 import re
 import shutil
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -71,9 +70,9 @@ from pathlib import Path
 
 import httpx
 
-from clawrl.procs import free_port
+from clawrl.evals.child import DaemonChild
 
-from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from common import emit  # noqa: E402  (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"rules_b1_median_s": 5.0, "engine_b1_median_s": 15.0, "failed_requests": 0,
@@ -198,38 +197,17 @@ def make_home(path: Path, models: Path) -> Path:
     return path
 
 
-class Daemon:
+class Daemon(DaemonChild):
     """A real `clawrl serve` process with training on; `db` is its turn log."""
 
     def __init__(self, home: Path, env: dict[str, str]):
-        self.home, self.port = home, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        base = {k: v for k, v in os.environ.items()
-                if k not in ("CLAWRL_HOME", "CLAWRL_STORE_PATH", "CLAWRL_SERVER_PORT")}
-        self.env = {**base, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
-                    "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "true",
-                    "CLAWRL_TRAIN_POLL_S": "0.2", **env}
-        self.proc: subprocess.Popen | None = None
-        self.log = home / "daemon.log"
-
-    @property
-    def db(self) -> Path:
-        return self.home / "clawrl.db"
+        super().__init__(home, {"OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "true",
+                                "CLAWRL_TRAIN_POLL_S": "0.2", **env})
+        self.env.pop("CLAWRL_STORE_PATH", None)     # the turn log lives in the home
 
     @property
     def adapters(self) -> Path:
         return self.home / "adapters"
-
-    def start(self, timeout: float = 300) -> None:
-        exe = Path(sys.executable).parent / "clawrl"
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "clawrl"]
-        log = open(self.log, "ab")
-        try:
-            self.proc = subprocess.Popen([*cmd, "serve"], env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
-        wait_ready(self.proc, self.url, timeout)
 
     def wait_trainer(self, timeout: float = 180) -> int:
         """Wait until the trainer child has loaded its model and watches the turn log."""
@@ -245,9 +223,6 @@ class Daemon:
         if self.proc.poll() is not None:
             raise RuntimeError(f"daemon exited with status {self.proc.returncode}")
 
-    def stop(self) -> None:
-        stop_server(self.proc)
-
     def log_text(self, offset: int = 0) -> str:
         try:
             with open(self.log, "rb") as f:
@@ -261,14 +236,6 @@ class Daemon:
             return self.log.stat().st_size
         except OSError:
             return 0
-
-    def rows(self, sql: str, *args) -> list[dict]:
-        db = sqlite3.connect(self.db, timeout=10)
-        db.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in db.execute(sql, args)]
-        finally:
-            db.close()
 
     def turn(self, turn_id: int) -> dict:
         return self.rows("SELECT * FROM turns WHERE id=?", turn_id)[0]

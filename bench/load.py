@@ -36,7 +36,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,9 +45,9 @@ from pathlib import Path
 
 import httpx
 
-from clawrl.procs import free_port
+from clawrl.evals.child import DaemonChild
 
-from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from common import emit  # noqa: E402  (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is the capital of France?", "Where does the river Seine flow?",
@@ -297,23 +296,19 @@ def main(argv=None) -> int:
     if not (home / "models").exists():   # the converted SmolLM2 (its tokenizer) is shared
         (REPO / ".cache" / "models").mkdir(parents=True, exist_ok=True)
         (home / "models").symlink_to(REPO / ".cache" / "models", target_is_directory=True)
-    proc = None
+    daemon: DaemonChild | None = None
     load_start = os.getloadavg()[0]
     try:
         model = Path(args.model) if args.model else scripted_model(work / "model")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")},
-               "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(port),
-               "CLAWRL_MODEL_SOURCE": str(model), "CLAWRL_MODEL_NAME": "scripted",
-               "CLAWRL_ENGINE_DTYPE": "float32", "CLAWRL_ENGINE_THREADS": "1",
-               "CLAWRL_ENGINE_MAX_CONCURRENT": str(args.max_concurrent),
-               "CLAWRL_ENGINE_MAX_QUEUE": str(args.max_queue),
-               "CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_SKILLS_ENABLED": "false"}
-        log = open(work / "serve.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "clawrl", "serve"], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-        wait_ready(proc, url)
+        daemon = DaemonChild(home, {
+            "CLAWRL_MODEL_SOURCE": str(model), "CLAWRL_MODEL_NAME": "scripted",
+            "CLAWRL_ENGINE_DTYPE": "float32", "CLAWRL_ENGINE_THREADS": "1",
+            "CLAWRL_ENGINE_MAX_CONCURRENT": str(args.max_concurrent),
+            "CLAWRL_ENGINE_MAX_QUEUE": str(args.max_queue),
+            "CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_SKILLS_ENABLED": "false"},
+            log=work / "serve.log", inherit_settings=False).start()
+        proc, url = daemon.proc, daemon.url
+        assert proc is not None     # start() made it
         say("server ready; warm-up (a burst, so the daemon's worker threads exist before 'before')")
         asyncio.run(run_clients(url, 8, 2.0, args.disconnect, 10_000 + args.seed))
         before = settle(url, proc.pid, {"fds": 10**9})
@@ -358,7 +353,8 @@ def main(argv=None) -> int:
             print(f"--- clawrl serve log (tail) ---\n{tail}", file=sys.stderr)
         raise
     finally:
-        stop_server(proc)
+        if daemon is not None:
+            daemon.stop(grace=20)
         shutil.rmtree(work, ignore_errors=True)
     print_table(results)
     emit(results, args.out)

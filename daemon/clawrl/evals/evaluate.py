@@ -25,9 +25,7 @@ import concurrent.futures
 import os
 import random
 import re
-import signal
 import sqlite3
-import subprocess
 import sys
 import time
 import uuid
@@ -37,7 +35,8 @@ import httpx
 
 from ..config import env_key, is_override
 from ..errors import ClawrlError
-from ..procs import die_with_parent, free_port
+from ..procs import die_with_parent
+from .child import DaemonChild
 from .personas import Persona
 from ..turnlog.store import AWAITING_JUDGE, AWAITING_TRAINER
 
@@ -66,7 +65,7 @@ def recipe_overrides(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-class Child:
+class Child(DaemonChild):
     """A `clawrl serve` of our own, in `home`, with `env` overrides on top of the recipe."""
 
     def __init__(self, home: Path, models: Path, env: dict[str, str], recipe: str | None):
@@ -74,60 +73,20 @@ class Child:
         if not (home / "models").exists():
             models.mkdir(parents=True, exist_ok=True)
             (home / "models").symlink_to(models.resolve(), target_is_directory=True)
-        self.home, self.port = home, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "CLAWRL_HOME": str(home), "CLAWRL_SERVER_PORT": str(self.port),
-                    "CLAWRL_SERVER_HOST": "127.0.0.1", "CLAWRL_SERVER_API_KEY": "",
-                    # A simulated user's skills must not reach the real OpenClaw workspace.
-                    "CLAWRL_SKILLS_ENABLED": "false",
-                    # Consolidation runs only where the eval asks for it (--consolidate-at).
-                    "CLAWRL_CONSOLIDATE_WHEN": "off", **env}
-        if recipe:
-            self.env["CLAWRL_RECIPE"] = recipe
-        self.proc: subprocess.Popen | None = None
+        super().__init__(home, {"CLAWRL_SERVER_API_KEY": "",
+                                # A simulated user's skills must not reach the real OpenClaw workspace.
+                                "CLAWRL_SKILLS_ENABLED": "false",
+                                # Consolidation runs only where the eval asks for it (--consolidate-at).
+                                "CLAWRL_CONSOLIDATE_WHEN": "off", **env,
+                                **({"CLAWRL_RECIPE": recipe} if recipe else {})})
 
-    def start(self, timeout: float = 600) -> "Child":
-        log = open(self.home / "daemon.log", "ab")
+    def start(self, timeout: float = 600, **popen) -> "Child":
         # An eval stopped by a signal must not leave its daemon (and trainer) running.
-        self.proc = subprocess.Popen([sys.executable, "-m", "clawrl", "serve"], env=self.env,
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=die_with_parent)
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        super().start(timeout, preexec_fn=die_with_parent, **popen)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        assert self.proc is not None        # start() made it
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise ClawrlError(f"the eval daemon exited; see {self.home / 'daemon.log'}")
-            try:
-                r = httpx.get(f"{self.url}/readyz", timeout=2)
-                if r.status_code == 200:
-                    return
-                if r.json().get("status") == "failed":
-                    raise ClawrlError(f"the eval daemon could not load the model: "
-                                      f"{r.json().get('error')}")
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.5)
-        raise ClawrlError(f"the eval daemon was not ready after {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
     def count(self, sql: str) -> int:
-        db = sqlite3.connect(self.home / "clawrl.db", timeout=30)
+        db = sqlite3.connect(self.db, timeout=30)
         try:
             return db.execute(sql).fetchone()[0]
         finally:
