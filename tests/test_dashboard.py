@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from clawrl.adapters import versions as adapters
-from conftest import REPO, Daemon, make_home
+from conftest import REPO, Daemon, make_home, until
 from test_swap import make_adapter
 
 pytestmark = pytest.mark.model
@@ -52,21 +52,12 @@ def get(d: Daemon, path: str, **kw) -> dict:
     return r.json()
 
 
-def wait_until(check, what: str, timeout: float = 90):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def new_version(d: Daemon, version: int) -> None:
     # Small weights: close enough to the base model that the swap's canary keeps the version.
     make_adapter(d.home / "adapters", version, scale=0.002)
     # SEEN is written once the swap has decided (after its canary), so the verdict is final.
-    wait_until(lambda: (adapters.read_seen(d.home / "adapters") or 0) >= version,
-               f"the daemon to decide on adapter {version}")
+    until(f"the daemon to decide on adapter {version}",
+          lambda: (adapters.read_seen(d.home / "adapters") or 0) >= version, timeout=90, every=0.2)
     info = get(d, "/v1/adapters")
     assert info["active"] == version, info
 
@@ -102,7 +93,7 @@ def lab(tmp_path_factory):
         t["a3"] = alpha.say("Great, and what is a fox?")                   # a2: +1
         t["a4"] = alpha.say("Thanks! Why is grass green?")                 # a3: +1
         assert httpx.post(f"{d.url}/v1/sessions/alpha/end", headers=AUTH).status_code == 200
-        wait_until(lambda: len(get(d, "/v1/dashboard/rewards")["points"]) == 6, "six judged turns")
+        until("six judged turns", lambda: len(get(d, "/v1/dashboard/rewards")["points"]) == 6, timeout=90, every=0.2)
         d.turns = t
         yield d
     finally:
@@ -253,7 +244,7 @@ class Chromium:
         return out["result"].get("value")
 
     def wait_for(self, session: str, expression: str, timeout: float = 60):
-        return wait_until(lambda: self.evaluate(session, expression), expression, timeout)
+        return until(expression, lambda: self.evaluate(session, expression), timeout, every=0.2)
 
     def screenshot(self, session: str, path: Path) -> None:
         shot = self.call("Page.captureScreenshot", session, format="png", captureBeyondViewport=True)
@@ -344,7 +335,7 @@ def test_page_renders_the_plot_and_rolls_back_in_a_browser(lab, browser):
     assert browser.evaluate(s, "document.querySelector('#rollback').textContent").startswith("Click again")
     assert get(lab, "/v1/adapters")["active"] == 2
     browser.evaluate(s, "document.querySelector('#rollback').click()")
-    wait_until(lambda: get(lab, "/v1/adapters")["active"] == 1, "the rollback to version 1")
+    until("the rollback to version 1", lambda: get(lab, "/v1/adapters")["active"] == 1, timeout=90, every=0.2)
     browser.wait_for(s, "document.querySelector('#action-msg').textContent === 'live adapter: 1'")
     browser.wait_for(s, "document.querySelector('#adapters tr.live td').textContent === '0001'")
     browser.wait_for(s, "document.querySelectorAll('#plot line.marker').length === 3")
