@@ -285,7 +285,7 @@ def test_only_a_completed_turn_gets_a_next_state_and_only_the_first_one(db):
     assert json.loads(turn_row(db, t1)["next_state_json"]) == [user("first reply")]
 
 
-def test_a_history_cut_short_or_ending_at_the_response_links_nothing(db):
+def test_a_history_cut_short_settles_its_turn_and_one_ending_at_the_response_waits(db):
     async def body(s):
         compacted = await answer(s, Attribution("c"), [user("a long chat")], "a long answer")
         await answer(s, Attribution("c"), [system("summary of the chat so far"), user("next")], "ok")
@@ -293,9 +293,15 @@ def test_a_history_cut_short_or_ending_at_the_response_links_nothing(db):
         await s.begin_turn(Attribution("e"), request([user("write a poem"), assistant("Roses")]), [1], "m", 0)
         return compacted, continued
 
-    for tid in with_store(db, body):
+    compacted, continued = with_store(db, body)
+    for tid in (compacted, continued):
         row = turn_row(db, tid)
         assert row["next_state_at"] is None and row["next_state_json"] is None, tid
+    # A history without the answer will never hold it again: settled, not left waiting forever;
+    # one that ends at the answer may still be followed.
+    assert turn_row(db, compacted)["judge_status"] == "no_next_state"
+    assert turn_row(db, continued)["judge_status"] is None
+    assert read_counts(db)["awaiting_next_state"] == 2     # `continued`, and the newest turn of "c"
 
 
 A_CALL = call("read", '{"path": "a.txt"}')

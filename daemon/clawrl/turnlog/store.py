@@ -214,7 +214,15 @@ class Store:
             return
         at = replayed_response(messages, prev["n_messages"], prev["response_text"],
                                value(prev, "tool_calls"))
-        if at is None or at + 1 >= len(messages):
+        if at is None:
+            # The history no longer holds the answer (compacted, or cut): no later request of
+            # this session will either, so the turn is settled the way a session's end settles
+            # its last one, instead of waiting for a next state forever.
+            await self.db.execute(
+                "UPDATE turns SET judge_status='no_next_state', judged_at=? WHERE id=?"
+                " AND judge_status IS NULL", (now, prev["id"]))
+            return
+        if at + 1 >= len(messages):      # it ends at the answer: the next request may follow it
             return
         following = messages[at + 1:]
         await self.db.execute(
