@@ -398,6 +398,23 @@ def test_a_failed_judgment_is_retried_after_its_delay_and_given_up_when_told(db)
     assert queue3 == [] and counts["awaiting_judge"] == 0 and read_counts(db)["awaiting_judge"] == 0
 
 
+def test_a_read_waits_for_a_write_in_progress_and_never_sees_what_it_rolls_back(db):
+    async def body(s):
+        t0, _ = await conversation(s, "s", ["q0", "q1"])
+        async with s.lock:          # another coroutine's write: open, then rolled back
+            await s.db.execute("BEGIN IMMEDIATE")
+            await s.db.execute("UPDATE turns SET judge_status='done' WHERE id=?", (t0,))
+            reader = asyncio.ensure_future(s.turns_to_judge())
+            await asyncio.sleep(0.05)
+            waited = not reader.done()
+            await s.db.execute("ROLLBACK")
+        return t0, waited, await reader
+
+    t0, waited, queue = with_store(db, body)
+    assert waited                                   # it took its turn after the write
+    assert [r["id"] for r in queue] == [t0]         # and saw the state that was committed
+
+
 def test_a_failed_judgment_with_no_delay_is_retried_at_once_not_given_up(db):
     async def body(s):
         t0, _ = await conversation(s, "s", ["q0", "q1"])

@@ -158,6 +158,15 @@ class Store:
     async def close(self) -> None:
         await self.db.close()
 
+    async def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        """Rows of a query, read in the writes' turn: the one connection would otherwise show it
+        the rows of another coroutine's transaction that is still open (and may roll back). For
+        the reads that work is done from (what to judge); the counts that status and /readyz
+        show, and the canary's prompts, never wait behind a write."""
+        async with self.lock:
+            async with self.db.execute(sql, args) as cur:
+                return list(await cur.fetchall())
+
     async def begin_turn(self, att: Attribution, request: dict, prompt_ids: list[int], model: str,
                          adapter_version: int, skills: dict[str, str] | None = None) -> int:
         """Record an arriving request; link it as the next state of the session's last main turn.
@@ -303,12 +312,12 @@ class Store:
     # -- judging and feedback ---------------------------------------------------------------------
     async def turns_to_judge(self, limit: int = 8) -> list[dict]:
         """Complete, trainable turns whose next state has arrived and that await a judgment."""
-        async with self.db.execute(
-                "SELECT id, session_id, request_json, response_text, tool_calls, next_state_json,"
-                " judge_attempts FROM turns WHERE judge_status IS NULL AND next_state_at IS NOT NULL"
-                " AND status='complete' AND trainable=1 AND coalesce(judge_retry_at, 0) <= ?"
-                " ORDER BY next_state_at LIMIT ?", (time.time(), limit)) as cur:
-            return [dict(r) for r in await cur.fetchall()]
+        rows = await self._read(
+            "SELECT id, session_id, request_json, response_text, tool_calls, next_state_json,"
+            " judge_attempts FROM turns WHERE judge_status IS NULL AND next_state_at IS NOT NULL"
+            " AND status='complete' AND trainable=1 AND coalesce(judge_retry_at, 0) <= ?"
+            " ORDER BY next_state_at LIMIT ?", (time.time(), limit))
+        return [dict(r) for r in rows]
 
     async def save_judgment(self, turn_id: int, score: int, votes: list, raw: list[str],
                             hint: str | None) -> None:
