@@ -39,7 +39,9 @@ from pathlib import Path
 
 import httpx
 
-from common import emit, stop_server, wait_ready  # noqa: E402  (bench/ is on sys.path)
+from clawrl.evals.child import DaemonChild
+
+from common import emit  # noqa: E402  (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / ".cache" / "models"
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     log = build_log(home, args.turns, args.seed, args.shape)
     say(f"turn log: {log}")
     res = {"bench": "consolidate", "log": log, "machine": {"cpus": os.cpu_count()}}
-    server = None
+    server: DaemonChild | None = None
     url = f"http://127.0.0.1:{args.port}"
     try:
         if args.serve:
@@ -158,11 +160,8 @@ def main(argv=None) -> int:
             serve_home.mkdir(exist_ok=True)
             if not (serve_home / "models").exists():
                 (serve_home / "models").symlink_to(MODELS, target_is_directory=True)
-            server = subprocess.Popen(
-                [sys.executable, "-m", "clawrl", "serve", "--port", str(args.port)],
-                env=env_for(serve_home, {"CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_JUDGE_BACKEND": "rules"}),
-                stdout=open(work / "serve.log", "wb"), stderr=subprocess.STDOUT)
-            wait_ready(server, url)
+            server = DaemonChild(serve_home, {"CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_JUDGE_BACKEND": "rules"},
+                                 port=args.port, log=work / "serve.log", inherit_settings=False).start()
             decode_rate(url)   # warm-up
             idle = [decode_rate(url) for _ in range(3)]
             res["decode_idle_tok_s"] = idle
@@ -171,7 +170,7 @@ def main(argv=None) -> int:
         proc = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"], env=env_for(home),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         busy: list[float] = []
-        if server:
+        if server is not None:
             def sample():   # a few answers, well into training; the rest of the run is quiet
                 time.sleep(90)
                 while proc.poll() is None and len(busy) < args.samples:
@@ -189,7 +188,7 @@ def main(argv=None) -> int:
                     "target_s": 600, "meets_target": wall <= 600})
         say(f"consolidated {args.turns} turns in {wall:.0f} s ({meta['steps']} steps, loss "
             f"{meta['loss_curve'][0]:.4f} -> {meta['loss_curve'][-1]:.4f})")
-        if server:
+        if server is not None:
             res["decode_busy_tok_s"] = busy
             if busy:
                 ratio = statistics.median(busy) / statistics.median(res["decode_idle_tok_s"])
@@ -197,7 +196,8 @@ def main(argv=None) -> int:
                 say(f"decode while consolidating: {[round(x, 1) for x in busy]} tok/s: "
                     f"{ratio:.2f}x idle (target >= 0.6)")
     finally:
-        stop_server(server)
+        if server is not None:
+            server.stop(grace=20)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     emit(res, args.out)

@@ -42,7 +42,6 @@ import shutil
 import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,10 +51,11 @@ from pathlib import Path
 
 import httpx
 
+from clawrl.evals.child import DaemonChild
 from clawrl.procs import free_port
 
 from against import compare, print_against  # noqa: E402  (bench/ is on sys.path)
-from common import emit, stop_server, wait_ready  # noqa: E402
+from common import emit  # noqa: E402
 
 import clawrl.config
 import clawrl.engines
@@ -335,19 +335,6 @@ def bench_env(home: Path, work: Path, threads: int) -> dict[str, str]:
     return env
 
 
-def start_server(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen:
-    exe = Path(sys.executable).parent / "clawrl"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "clawrl"]
-    cmd += ["serve", "--port", str(port)]
-    say(f"starting {' '.join(cmd)} (log: {log_path})")
-    log = open(log_path, "wb")
-    try:
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    finally:
-        log.close()   # the child holds its own descriptor
-
-
 def cpu_seconds(server_pid: int) -> tuple[float, float, float] | None:
     """(whole machine busy, this process, the server) CPU seconds so far; None off Linux.
     Their difference over the run is what other processes used: the contention."""
@@ -470,6 +457,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="clawrl-bench-"))
     env = bench_env(home, work, args.threads)
     load_start = os.getloadavg()[0]
+    daemon: DaemonChild | None = None
     proc, engine, ok = None, None, False
     try:
         cfg = clawrl.config.load_config(env=env)
@@ -480,10 +468,10 @@ def main(argv=None) -> int:
         url = f"http://127.0.0.1:{port}"
         # --against: the rules judge and no trainer, whose first probe fit or start-up would
         # compete for the cores
-        proc = start_server({**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
-                            if args.against else env,
-                            port, work / "serve.log")
-        wait_ready(proc, url)
+        daemon = DaemonChild(home, {**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
+                             if args.against else env, port=port, log=work / "serve.log").start()
+        proc = daemon.proc
+        assert proc is not None     # start() made it
         say("server ready")
         t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
         if args.against:
@@ -508,7 +496,8 @@ def main(argv=None) -> int:
             print(f"--- clawrl serve log (tail) ---\n{log_tail(work / 'serve.log')}", file=sys.stderr)
         raise
     finally:
-        stop_server(proc)
+        if daemon is not None:
+            daemon.stop(grace=20)
         if engine is not None:
             engine.close()
         shutil.rmtree(work, ignore_errors=True)

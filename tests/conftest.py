@@ -44,10 +44,6 @@ class Daemon(DaemonChild):
                                 "CLAWRL_SKILLS_TARGET": str(home / "openclaw-skills"), **(env or {})},
                          port=port, log=home / f"daemon-{port}.log")
 
-    def start(self, timeout: float = 300, **popen) -> "Daemon":
-        super().start(timeout, **popen)
-        return self
-
     def turn(self, turn_id: int) -> dict:
         return self.rows("SELECT * FROM turns WHERE id=?", turn_id)[0]
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -45,7 +46,7 @@ class DaemonChild:
     def db(self) -> Path:
         return self.home / "clawrl.db"
 
-    def start(self, timeout: float = 300, **popen) -> "DaemonChild":
+    def start(self, timeout: float = 300, **popen) -> Self:
         """Start it and wait until it is ready. `popen`: extra subprocess.Popen arguments (e.g.
         start_new_session, or preexec_fn=procs.die_with_parent: then a run stopped by a signal
         leaves no daemon and trainer behind, but the daemon also ends with the thread that

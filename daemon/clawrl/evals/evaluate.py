@@ -30,6 +30,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -80,10 +81,9 @@ class Child(DaemonChild):
                                 "CLAWRL_CONSOLIDATE_WHEN": "off", **env,
                                 **({"CLAWRL_RECIPE": recipe} if recipe else {})})
 
-    def start(self, timeout: float = 600, **popen) -> "Child":
+    def start(self, timeout: float = 600, **popen) -> Self:
         # An eval stopped by a signal must not leave its daemon (and trainer) running.
-        super().start(timeout, preexec_fn=die_with_parent, **popen)
-        return self
+        return super().start(timeout, preexec_fn=die_with_parent, **popen)
 
     def count(self, sql: str) -> int:
         db = sqlite3.connect(self.db, timeout=30)
