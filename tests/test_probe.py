@@ -46,18 +46,26 @@ def test_the_head_is_stored_by_model_hash_with_its_dev_numbers(fitted, model_dir
 
 def test_the_template_head_is_read_once_and_changes_no_reading(fitted):
     """The chat template's fixed head (the system prompt) comes from a cache computed once; a
-    reading through it equals reading the whole exchange from scratch."""
+    reading through it equals reading the whole exchange, and the assistant's generation prompt
+    after it, from scratch: the reply's own tokens read as they do without the prompt."""
     import torch
     r = fitted.reader
     m = probe.exchange("What is 7 times 8?", "7 times 8 is 54.", "no, it's 56")
-    ids, n, cached = r._ids(m)
-    whole = r._render(m)
+    ids, n, prompt, cached = r._ids(m)
+    plain, whole = r._render(m), r._render(m, prompt=True)
     assert cached and len(r._head_ids) > 5 and whole == r._head_ids + ids
+    assert prompt == len(whole) - len(plain) > 0 and whole[:len(plain)] == plain
+    averaged = r.tokenizer.decode(plain[len(plain) - n:])   # the reply's turn, nothing before it
+    assert "no, it's 56" in averaged and "54" not in averaged
     with torch.inference_mode():
         hidden = r.model(input_ids=torch.tensor([whole]), output_hidden_states=True).hidden_states
-    parts = [hidden[layer][0, -1] for layer in r.last_at]
-    parts += [hidden[layer][0, -n:].mean(0) for layer in r.mean_at]
-    assert torch.allclose(r.read_one(m), torch.cat(parts), atol=1e-4)
+        alone = r.model(input_ids=torch.tensor([plain]), output_hidden_states=True).hidden_states
+    for h in (hidden, alone):     # causal: the prompt after the reply changes nothing before it
+        end = len(plain)
+        parts = [h[layer][0, end - 1] for layer in r.last_at]
+        parts += [h[layer][0, end - n:end].mean(0) for layer in r.mean_at]
+        parts += [hidden[layer][0, -1] for layer in r.prompt_at]
+        assert torch.allclose(r.read_one(m), torch.cat(parts), atol=1e-4)
     # The stored head is never extended by a reading.
     assert all(k.shape[-2] == len(r._head_ids) for k, _ in r._head_kv)
 

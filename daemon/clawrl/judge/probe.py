@@ -2,8 +2,10 @@
 as approval, correction or neither.
 
 The base model reads the exchange in chat form (the question, the tail of the answer, the user's
-reply); the last token's hidden state and the reply's mean hidden state, at every other layer of
-the model's first two thirds, are the feature vector; a multinomial logistic head, fitted on the
+reply, then the generation prompt of the assistant's next turn); at every other layer of the
+model's first two thirds, the hidden state of the reply's last token, the reply's mean hidden
+state and the state where the assistant would begin its next answer (the generation prompt's last
+token) are the feature vector; a multinomial logistic head, fitted on the
 feedback corpus's train split, gives p(-1), p(0), p(+1). A vote is cast only when its
 probability reaches its class's threshold, chosen on the dev split, so unsure readings answer 0
 and never train. Tool results keep the rules judge's structured reading (JSON fields, exit
@@ -37,14 +39,16 @@ from .judges import combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 
-FORMAT = 4
+FORMAT = 5
 # What is read: at every other layer up to two thirds of the model's depth, the hidden state of
-# the exchange's last token and the mean over the reply's tokens. Chosen with SmolLM2-135M by
-# five-fold cross-validation over train and dev (4,316 lines): log-loss 0.303, and 2.8 % wrong
-# signs where corrections are found at 0.85 and approvals at 0.80, against 0.304 and 3.2 % for
-# the previous reading (three last-token layers, two reply means) and 0.312 and 3.2 % for the
-# same reading up to half the depth, which costs a quarter less. Reading less deep (2/5 of the
-# depth: dev log-loss 0.33 against 0.28) or through a 2-layer MLP head was worse.
+# the reply's last token, the mean over the reply's tokens, and the state at the end of the
+# assistant's generation prompt: where the model is about to answer the reply, and so has read it
+# as something to apologise for, to thank for or to act on. Chosen with SmolLM2-135M by five-fold
+# cross-validation over train and dev (5,404 lines, L2 0.1): log-loss 0.253, and 1.8 % wrong
+# signs where corrections are found at 0.85 and approvals at 0.80, against 0.266 and 2.1 %
+# without the generation prompt's state (FORMAT 4) and 0.364 and 4.3 % with it alone. Reading the
+# three views less deep costs accuracy: to layer 15, 0.269 and 2.1 %; to layer 13, 0.302 and
+# 3.1 %. (On 4,316 lines: 2/5 of the depth, or a 2-layer MLP head, was worse too.)
 READ_TO, READ_EVERY = 2 / 3, 2
 QUESTION_CHARS, ANSWER_CHARS, REPLY_CHARS = 160, 240, 600
 MAX_TOKENS = 192          # the rendered exchange, cut from the left (the reply sits at its end)
@@ -98,15 +102,17 @@ class Reader:
         self.dtype = torch.float32
         full = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         depth = full.config.num_hidden_layers
-        self.last_at = self.mean_at = read_layers(depth)
-        self.layers = self.last_at + self.mean_at
+        self.last_at = self.mean_at = self.prompt_at = read_layers(depth)
+        self.layers = self.last_at + self.mean_at + self.prompt_at
         self.model = full.model          # the decoder without the LM head
         self.model.layers = self.model.layers[:max(self.layers)]
         self.model.eval().requires_grad_(False)
         self._head_ids, self._head_kv = self._template_head()
 
-    def _render(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False)
+    def _render(self, messages: list[dict], prompt: bool = False) -> list[int]:
+        """Token ids of `messages` in chat form; `prompt`: with the assistant's generation
+        prompt after them."""
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=prompt)
         if isinstance(ids, Mapping):     # a BatchEncoding (return_dict, transformers 5's default) or a dict
             ids = ids["input_ids"]
         return list(ids)
@@ -138,27 +144,33 @@ class Reader:
             cache.update(k, v, i)
         return cache
 
-    def _ids(self, messages: list[dict]) -> tuple[list[int], int, bool]:
-        """The exchange's token ids after the template's head (cut from the left to fit
-        MAX_TOKENS), how many of them the reply takes, and whether the head was cut off (so
-        its cache goes first)."""
-        ids = self._render(messages)
-        reply = len(ids) - len(self._render(messages[:-1]))
+    def _ids(self, messages: list[dict]) -> tuple[list[int], int, int, bool]:
+        """The exchange's token ids, generation prompt included, after the template's head
+        (cut from the left to fit MAX_TOKENS); how many of them the reply takes; how many the
+        generation prompt takes (0 for a template whose prompt does not extend the exchange);
+        and whether the head was cut off (so its cache goes first)."""
+        plain, ids = self._render(messages), self._render(messages, prompt=True)
+        prompt = len(ids) - len(plain) if ids[:len(plain)] == plain else 0
+        if not prompt:
+            ids = plain
+        reply = len(plain) - len(self._render(messages[:-1]))
         head = len(self._head_ids)
         cached = head > 0 and ids[:head] == self._head_ids
         rest = ids[head:][-(MAX_TOKENS - head):] if cached else ids[-MAX_TOKENS:]
-        return rest, max(1, min(reply, len(rest))), cached
+        return rest, max(1, min(reply, len(rest) - prompt)), prompt, cached
 
     @torch.inference_mode()
     def read_one(self, messages: list[dict]) -> torch.Tensor:
-        """One exchange's feature row: the last token's hidden state and the reply's mean at
-        each layer read, concatenated."""
-        ids, n, cached = self._ids(messages)
+        """One exchange's feature row: the reply's last token, the reply's mean and the
+        generation prompt's last token, each at every layer read, concatenated."""
+        ids, n, prompt, cached = self._ids(messages)
         kw = {"cache": self._head_cache(), "use_cache": True} if cached else {}
         hidden = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True,
                             **kw).hidden_states
-        parts = [hidden[layer][0, -1] for layer in self.last_at]
-        parts += [hidden[layer][0, -n:].mean(0) for layer in self.mean_at]
+        end = len(ids) - prompt            # one past the reply's last token
+        parts = [hidden[layer][0, end - 1] for layer in self.last_at]
+        parts += [hidden[layer][0, end - n:end].mean(0) for layer in self.mean_at]
+        parts += [hidden[layer][0, -1] for layer in self.prompt_at]
         return torch.cat(parts)
 
     def features(self, exchanges: list[list[dict]], cancel: threading.Event | None = None,
@@ -181,7 +193,7 @@ class HeadMeta:
     format: int
     model_hash: str
     corpus: str               # fingerprint of the split files it was fitted on
-    layers: list[int]         # last-token layers, then reply-mean layers
+    layers: list[int]         # reply's last-token layers, reply-mean layers, prompt layers
     dtype: str                # what the base model read in (float32)
     l2: float
     threshold: float          # a correction vote needs at least this p(-1)
