@@ -108,30 +108,67 @@ def test_seeded_sampling_is_reproducible_and_top_p_narrows(engine):
     assert [e.token_id for e in c[0]] == [e.token_id for e in g[0]]
 
 
+def _lora(engine, folder, seed: int, r: int = 8, strength: float = 0.3):
+    """A random LoRA on every linear layer of the engine's base model (read afresh: the engine's
+    own copy carries its adapter slots), saved in `folder`; the PeftModel, to compute what
+    serving it must give."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(engine.base_model.config._name_or_path,
+                                                dtype=engine.base_model.dtype)
+    torch.manual_seed(seed)
+    pm = get_peft_model(base, LoraConfig(
+        r=r, lora_alpha=2 * r, target_modules="all-linear", init_lora_weights=False)).eval()
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:
+                p.mul_(strength)
+    pm.save_pretrained(folder)
+    return pm
+
+
+def _peft_answer(engine, pm, prompt: str, n: int = 16):
+    """PEFT's own greedy answer to `prompt` and its tokens' logprobs."""
+    import torch
+    ids = engine.render([{"role": "user", "content": prompt}], None)
+    with torch.inference_mode():
+        want = pm.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):]
+        logits = pm(input_ids=torch.cat([torch.tensor(ids), want]).unsqueeze(0)).logits[0].float()
+    return want.tolist(), [float(v) for v in logits[len(ids) - 1:-1].log_softmax(-1)
+                           .gather(1, want.unsqueeze(1))[:, 0]]
+
+
+def _assert_serves(engine, events, want: list[int], want_lp: list[float]) -> None:
+    """float32 and general: PEFT's greedy tokens and logprobs; int8: close while tokens agree."""
+    toks = [e.token_id for e in events]
+    if engine.cfg.engine.decode_weights == "int8":
+        n = next((i for i, (a, b) in enumerate(zip(toks, want)) if a != b), min(len(toks), len(want)))
+        assert n >= 4, f"int8 left float32's greedy answer at token {n}"
+        assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
+    else:
+        assert toks == want[:len(events)]
+        assert [e.logprob for e in events] == pytest.approx(want_lp[:len(events)], abs=2e-3)
+
+
+def _wait_merged(engine, version: int) -> None:
+    import time
+    if engine.fast is None:
+        return
+    name, deadline = engine.slots.name(version), time.monotonic() + 120
+    while not engine.fast.is_merged(name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine.fast.is_merged(name), "the adapter was never merged for decode"
+
+
 def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_path):
     """A LoRA version, loaded and activated as the swapper does, decodes what PEFT computes
     (float32 and general: the same greedy tokens; int8: close logprobs), first unmerged, then
     merged into the fast step's weights, and the base model still serves beside it."""
-    import copy
-    import time
-
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    pm = get_peft_model(copy.deepcopy(engine.base_model), LoraConfig(
-        r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)).eval()
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.mul_(0.3)
-    pm.save_pretrained(tmp_path / "v1")
+    pm = _lora(engine, tmp_path / "v1", seed=0)
     prompt = "Name three rivers in Europe."
-    ids = engine.render([{"role": "user", "content": prompt}], None)
-    with torch.inference_mode():
-        want = pm.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):]
-        logits = pm(input_ids=torch.cat([torch.tensor(ids), want]).unsqueeze(0)).logits[0].float()
-    want_lp = [float(v) for v in logits[len(ids) - 1:-1].log_softmax(-1)
-               .gather(1, want.unsqueeze(1))[:, 0]]
+    want, want_lp = _peft_answer(engine, pm, prompt)
 
     before = [e.token_id for e in asyncio.run(generate(engine, prompt, 16))[0]]
     engine.load_adapter(1, tmp_path / "v1").result(timeout=60)
@@ -139,22 +176,11 @@ def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_p
         engine.activate(1)
         runs = [asyncio.run(generate(engine, prompt, 16))]
         if engine.fast is not None:
-            deadline = time.monotonic() + 120
-            while not engine.fast.is_merged("v1") and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert engine.fast.is_merged("v1"), "the adapter was never merged for decode"
+            _wait_merged(engine, 1)
             runs.append(asyncio.run(generate(engine, prompt, 16)))
         for events, finish in runs:
             assert finish.adapter_version == 1
-            if engine.cfg.engine.decode_weights == "int8":   # close while the tokens agree
-                toks = [e.token_id for e in events]
-                n = next((i for i, (a, b) in enumerate(zip(toks, want.tolist())) if a != b),
-                         min(len(toks), len(want)))
-                assert n >= 4, f"int8 left float32's greedy answer at token {n}"
-                assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
-            else:
-                assert [e.token_id for e in events] == want.tolist()[:len(events)]
-                assert [e.logprob for e in events] == pytest.approx(want_lp[:len(events)], abs=2e-3)
+            _assert_serves(engine, events, want, want_lp)
         engine.activate(0)
         base, finish = asyncio.run(generate(engine, prompt, 16))
         assert finish.adapter_version == 0
@@ -164,3 +190,46 @@ def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_p
     # The last adapter gone, the base serves as before it came (PEFT would fail on it).
     assert [e.token_id for e in asyncio.run(generate(engine, prompt, 16))[0]] == before
     assert engine.loaded_adapters == set()
+
+
+def test_a_version_copied_into_a_freed_slot_serves_exactly_its_own_weights(engine, tmp_path):
+    """After a version is unloaded its slot is kept, and the next version with the same LoRA
+    config is copied into it instead of loaded through PEFT (a hot-swap's main cost): it then
+    serves what PEFT computes for that version, not anything of the slot's previous one, unmerged
+    and merged. A version with another config takes PEFT's path into a new slot."""
+    first, second = _lora(engine, tmp_path / "a", seed=1), _lora(engine, tmp_path / "b", seed=2)
+    prompt = "Give me two tips for sleeping better."
+    want_a, lp_a = _peft_answer(engine, first, prompt)
+    want, want_lp = _peft_answer(engine, second, prompt)
+    # serving the slot's previous weights must fail _assert_serves (float32 and general: logprobs
+    # within 2e-3; int8 is only close, so there it checks the copy less sharply)
+    assert want != want_a or max(abs(a - b) for a, b in zip(lp_a, want_lp)) > 0.02
+    try:
+        engine.load_adapter(21, tmp_path / "a").result(timeout=60)
+        slot, copied, loads = engine.slots.name(21), engine.slots.copied, engine.slots.peft_loads
+        engine.activate(21)
+        _wait_merged(engine, 21)
+        asyncio.run(generate(engine, prompt, 16))
+        engine.activate(0)
+        assert engine.unload_adapter(21).result(timeout=60)
+        assert slot in engine.slots.free and engine.loaded_adapters == set()
+
+        engine.load_adapter(22, tmp_path / "b").result(timeout=60)
+        assert engine.slots.name(22) == slot
+        assert (engine.slots.copied, engine.slots.peft_loads) == (copied + 1, loads)
+        engine.activate(22)
+        runs = [asyncio.run(generate(engine, prompt, 16))]
+        if engine.fast is not None:
+            _wait_merged(engine, 22)
+            runs.append(asyncio.run(generate(engine, prompt, 16)))
+        for events, finish in runs:
+            assert finish.adapter_version == 22
+            _assert_serves(engine, events, want, want_lp)
+
+        _lora(engine, tmp_path / "c", seed=3, r=4)   # another rank: it cannot share the slot
+        engine.load_adapter(23, tmp_path / "c").result(timeout=60)
+        assert engine.slots.name(23) != slot and engine.slots.peft_loads > loads
+    finally:
+        engine.activate(0)
+        for v in (22, 23):
+            engine.unload_adapter(v).result(timeout=60)

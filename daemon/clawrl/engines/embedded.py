@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
 import torch
@@ -36,13 +37,13 @@ from ..adapters.versions import PEFT_KIND
 from ..config import Config
 from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
+from .adapter_slots import AdapterSlots
 from .base import Generation, render_checked
 from .fastdecode import FastDecoder, int8_available, supported
 from .kvbatch import DecodeBatch
 
 if TYPE_CHECKING:   # transformers and peft load with the model, not with this module
     from peft import PeftModel
-    from peft.tuners.lora import LoraModel
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
@@ -118,6 +119,7 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._batch: DecodeBatch | None = None
         self.fast: FastDecoder | None = None   # the decode step (engines/fastdecode.py)
+        self.slots = AdapterSlots()            # where loaded versions live in the PeftModel
         self.decode_path = "transformers"
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -193,8 +195,8 @@ class EmbeddedEngine:
             return False
         if not version:
             return None
-        name = f"v{version}"
-        return name if self.fast.has_adapter(name) else False
+        name = self.slots.slot.get(version)
+        return name if name is not None and self.fast.has_adapter(name) else False
 
     def close(self) -> None:
         with self._cv:
@@ -228,17 +230,15 @@ class EmbeddedEngine:
         return fut
 
     def load_adapter(self, version: int, path) -> concurrent.futures.Future:
+        """Load a version into a slot (engines/adapter_slots.py): copied into a free one when
+        its LoRA config fits, else through PEFT."""
         def load():
-            from peft import PeftModel
             # peft asks transformers a deprecated question on every load; the answer is still right.
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing",
                                     category=FutureWarning)
-            name = f"v{version}"
-            if self.model is self.base_model:
-                self.model = PeftModel.from_pretrained(self.base_model, str(path), adapter_name=name)
-                self.model.eval()
-            else:
-                self._peft().load_adapter(str(path), adapter_name=name)
+            assert self.model is not None       # loaded before any request or command
+            self.model = self.slots.load(self.model, self.base_model, version, Path(path))
+            name = self.slots.name(version)
             if self.fast is not None:
                 try:
                     self.fast.add_adapter(self.model, name)
@@ -271,16 +271,10 @@ class EmbeddedEngine:
         def unload():
             busy = {r.adapter for r in self._active} | {g.adapter for g in self._pending}
             if version in self.loaded_adapters and version not in busy and version != self.adapter_version:
-                if self.loaded_adapters == {version}:
-                    # The last one: unwrap. PEFT keeps a deleted adapter as its active one, so a
-                    # base request through the PeftModel would fail; the base runs as it did
-                    # before any adapter, and the next load wraps it afresh.
-                    cast("LoraModel", self._peft().base_model).unload()   # LoRA versions only
-                    self.model = self.base_model
-                else:
-                    self._peft().delete_adapter(f"v{version}")
+                name = self.slots.name(version)
                 if self.fast is not None:
-                    self.fast.drop_adapter(f"v{version}")
+                    self.fast.drop_adapter(name)
+                self.model = self.slots.release(self._peft(), self.base_model, version)
                 if self._set_adapter == version:
                     self._set_adapter = None
                 self.loaded_adapters.discard(version)
@@ -307,13 +301,14 @@ class EmbeddedEngine:
             return {}, contextlib.nullcontext()
         versions = {r.adapter for r in reqs}
         if len(versions) > 1:
-            return ({"adapter_names": [f"v{r.adapter}" if r.adapter else "__base__" for r in reqs]},
+            return ({"adapter_names": [self.slots.name(r.adapter) if r.adapter else "__base__"
+                                       for r in reqs]},
                     contextlib.nullcontext())
         (version,) = versions
         if version == 0:
             return {}, self._peft().disable_adapter()
         if self._set_adapter != version:
-            self._peft().set_adapter(f"v{version}")
+            self._peft().set_adapter(self.slots.name(version))
             self._set_adapter = version
         return {}, contextlib.nullcontext()
 
@@ -328,7 +323,7 @@ class EmbeddedEngine:
         alive = bool(self._thread and self._thread.is_alive())
         return {"kind": "embedded", "state": "running" if alive else "not started",
                 "available": alive, "active": len(self._active), "decode": self.decode_path,
-                "adapters": sorted(self.loaded_adapters)}
+                "adapters": sorted(self.loaded_adapters), "adapter_slots": self.slots.status()}
 
     # -- worker ---------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -19,6 +19,7 @@ trainer recomputes its own and corrects for the difference (truncated importance
 """
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
@@ -209,6 +210,7 @@ class FastDecoder:
         self.inv_freq = rotary.inv_freq.detach().float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._lora: dict[str, list[_Lora]] = {}
+        self._lock = threading.Lock()     # adapters come and go on the worker, merges land from theirs
         self._head_lora: dict[str, tuple | None] = {}
         self._merged: dict[str, tuple[list[_Layer], _Matrix]] = {}
 
@@ -220,30 +222,36 @@ class FastDecoder:
         _check_adapter(peft_model, name)
         inner = peft_model.base_model.model
         with torch.no_grad():
-            self._lora[name] = [_Lora(layer, name) for layer in inner.model.layers]
-            self._head_lora[name] = _Lora._pack([inner.lm_head], name)
+            layers = [_Lora(layer, name) for layer in inner.model.layers]
+            head = _Lora._pack([inner.lm_head], name)
+        with self._lock:
+            self._lora[name], self._head_lora[name] = layers, head
 
     def merge_adapter(self, peft_model, name: str) -> bool:
         """Pack the weights with adapter `name` merged in, so its steps cost what the base's do.
         Slow (seconds for int8): meant for a background thread while the unmerged adapter
-        serves. Whether it was kept: an adapter dropped meanwhile is not."""
+        serves. Whether it was kept: an adapter dropped meanwhile is not, nor one whose name
+        was given to another version meanwhile (its slot reused: the weights read may be mixed)."""
         inner = peft_model.base_model.model
+        unmerged = self._lora.get(name)
         with torch.no_grad():
             merged = [_Layer(layer, self.weights, merge=name) for layer in inner.model.layers]
             head = self.lm_head if self._head_lora.get(name) is None else \
                 _Matrix(merged_weight(inner.lm_head, name), None, self.weights)
-        if name not in self._lora:
-            return False
-        self._merged[name] = (merged, head)
+        with self._lock:
+            if unmerged is None or self._lora.get(name) is not unmerged:
+                return False
+            self._merged[name] = (merged, head)
         return True
 
     def is_merged(self, name: str) -> bool:
         return name in self._merged
 
     def drop_adapter(self, name: str) -> None:
-        self._lora.pop(name, None)
-        self._head_lora.pop(name, None)
-        self._merged.pop(name, None)
+        with self._lock:
+            self._lora.pop(name, None)
+            self._head_lora.pop(name, None)
+            self._merged.pop(name, None)
 
     def has_adapter(self, name: str) -> bool:
         return name in self._lora
