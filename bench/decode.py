@@ -114,7 +114,7 @@ async def child(args) -> dict:
             engine.activate(1)
             out["swap_ms"] = 1000 * (time.perf_counter() - t0)
             if engine.fast is not None:           # merged for decode in the background
-                while not engine.fast.is_merged("v1") and time.perf_counter() - t0 < 300:
+                while not engine.fast.is_merged(engine.slots.name(1)) and time.perf_counter() - t0 < 300:
                     await asyncio.sleep(0.05)
                 out["merged_s"] = time.perf_counter() - t0
         r = {"short": await stream(engine, SHORT, args.tokens, None)}
