@@ -108,6 +108,7 @@ class Reader:
         self.model.layers = self.model.layers[:max(self.layers)]
         self.model.eval().requires_grad_(False)
         self._head_ids, self._head_kv = self._template_head()
+        self._prompt_ids = self._prompt_suffix()
 
     def _render(self, messages: list[dict], prompt: bool = False) -> list[int]:
         """Token ids of `messages` in chat form; `prompt`: with the assistant's generation
@@ -135,6 +136,17 @@ class Reader:
         layers = cast(list[DynamicLayer], cache.layers[:len(self.model.layers)])
         return a[:n], [(layer.keys, layer.values) for layer in layers]
 
+    def _prompt_suffix(self) -> list[int] | None:
+        """The generation prompt's tokens where the template appends the same ones to every
+        exchange (ChatML: `<|im_start|>assistant` and a newline), so one render serves both;
+        else None."""
+        suffixes = []
+        for m in ([{"role": "user", "content": "a"}],
+                  [{"role": "assistant", "content": "b"}, {"role": "user", "content": "c d"}]):
+            plain, ids = self._render(m), self._render(m, prompt=True)
+            suffixes.append(ids[len(plain):] if ids[:len(plain)] == plain else None)
+        return suffixes[0] if suffixes[0] and suffixes[0] == suffixes[1] else None
+
     def _head_cache(self):
         """A fresh cache holding the template's head: a reading appends to it by concatenation,
         so the stored keys and values are never changed and readings may run at once."""
@@ -149,7 +161,9 @@ class Reader:
         (cut from the left to fit MAX_TOKENS); how many of them the reply takes; how many the
         generation prompt takes (0 for a template whose prompt does not extend the exchange);
         and whether the head was cut off (so its cache goes first)."""
-        plain, ids = self._render(messages), self._render(messages, prompt=True)
+        plain = self._render(messages)
+        ids = plain + self._prompt_ids if self._prompt_ids is not None else \
+            self._render(messages, prompt=True)
         prompt = len(ids) - len(plain) if ids[:len(plain)] == plain else 0
         if not prompt:
             ids = plain
