@@ -119,7 +119,7 @@ async def child(args) -> dict:
                 out["merged_s"] = time.perf_counter() - t0
         r = {"short": await stream(engine, SHORT, args.tokens, None)}
         if not args.no_long:
-            engine._pool.clear()                     # a cold prefill
+            engine.prefix_pool.clear()                     # a cold prefill
             r["long"] = await stream(engine, long_msgs, args.tokens, None)
             r["cached"] = await stream(engine, long_msgs, 1, None)
         out[live] = r

@@ -7,10 +7,9 @@ for all decoding requests in a single batched forward (`kvbatch.DecodeBatch`). A
 starves a stream that is already decoding, and nobody waits behind a full answer. Cancelled
 requests (client gone) stop at their next step.
 
-Prefix reuse: every request's KV cache lives in a small pool keyed by the tokens it holds.
-A new request takes the cache with the longest common prefix (OpenClaw resends the same ~10k-token
-system prompt on each call), crops it to that prefix and prefills only the rest. A cache still in
-use by another request is copied, never shared. Idle caches are evicted least-recently-used.
+Prefix reuse: every request's KV cache comes from a pool keyed by the tokens it holds, so only
+what is new in a prompt is prefilled (engines/prefix_pool.py). Versions live in adapter slots
+(engines/adapter_slots.py); the decode step is engines/fastdecode.py's.
 
 Logprobs are those of the model itself (temperature 1, before top-p), as OpenAI and vLLM report
 them and as the trainer recomputes them; sampling applies temperature and top-p on top.
@@ -20,7 +19,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import copy
 import os
 import sys
 import threading
@@ -41,10 +39,11 @@ from .adapter_slots import AdapterSlots
 from .base import Generation, render_checked
 from .fastdecode import FastDecoder, int8_available, supported
 from .kvbatch import DecodeBatch
+from .prefix_pool import Entry, PrefixPool
 
 if TYPE_CHECKING:   # transformers and peft load with the model, not with this module
     from peft import PeftModel
-    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Prompt tokens per scheduling step while other requests are active. Alone, a request prefills its
 # whole prompt in one forward: every chunk after the first attends through an explicit mask, which
@@ -52,41 +51,10 @@ if TYPE_CHECKING:   # transformers and peft load with the model, not with this m
 PREFILL_CHUNK = 2048
 
 
-def _worth_reusing(cached: int, total: int) -> bool:
-    """Is prefilling `total - cached` tokens against a cached prefix cheaper than `total` cold?
-
-    Cold prefill runs causal attention (~n^2/2 pairs); continuing a cache attends through a mask
-    over every (new, all) pair at ~1.4x the cost per pair. Linear cost per token ~2000x a pair's:
-    fitted on this CPU to 2k-8k prefills (e.g. 4k cached + 4k new: 20 s; 8k cold: 22 s)."""
-    new = total - cached
-    warm = 2000 * new + 1.4 * new * (cached + new / 2)
-    cold = 2000 * total + total * total / 2
-    return cached >= 16 and warm < cold
-
-
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass
-class _Entry:
-    """A KV cache and exactly the tokens it holds, computed under one adapter version."""
-    ids: list[int]
-    cache: DynamicCache | None       # None while joined into the decode batch (kvbatch.py)
-    adapter: int = 0
-    in_use: bool = True
-    used_at: float = field(default_factory=time.monotonic)
-
-
 @dataclass
 class _Request:
     gen: Generation
-    entry: _Entry
+    entry: Entry
     generator: torch.Generator
     adapter: int = 0                  # the version this request runs on from start to end
     next_token: int | None = None     # sampled, sent, not yet fed to the model
@@ -112,7 +80,7 @@ class EmbeddedEngine:
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._pending: collections.deque[Generation] = collections.deque()
         self._active: list[_Request] = []
-        self._pool: list[_Entry] = []
+        self.prefix_pool = PrefixPool(cfg.engine.prefix_cache_entries)
         self._cv = threading.Condition()
         self._commands: collections.deque = collections.deque()
         self._stop = False
@@ -278,7 +246,7 @@ class EmbeddedEngine:
                 if self._set_adapter == version:
                     self._set_adapter = None
                 self.loaded_adapters.discard(version)
-                self._pool = [e for e in self._pool if e.in_use or e.adapter != version]
+                self.prefix_pool.drop_version(version)
                 return True
             return False
         return self._call_in_worker(unload)
@@ -381,7 +349,7 @@ class EmbeddedEngine:
             for req in reqs:
                 if req in self._active:
                     self._active.remove(req)
-                    self._pool = [x for x in self._pool if x is not req.entry]
+                    self.prefix_pool.drop(req.entry)
                     req.gen.close(error=e)
 
     def _done(self, req: _Request, finish: Finish | None) -> None:
@@ -391,7 +359,7 @@ class EmbeddedEngine:
         if finish is not None:
             req.gen.close(finish)
         self._active.remove(req)
-        self._release(req.entry)
+        self.prefix_pool.release(req.entry)
 
     def _prefill_chunk(self, reqs: list[_Request]) -> None:
         """Feed the next chunk of the prompt. On the fast step, the prompt's last token is fed
@@ -447,39 +415,12 @@ class EmbeddedEngine:
         from transformers import DynamicCache
 
         assert self._batch is not None      # _load made it
-        ids = gen.prompt_ids
-        best, best_n = None, 0
-        for e in self._pool:
-            if e.adapter != gen.adapter:      # a KV cache is only valid under its own weights
-                continue
-            n = _lcp(e.ids, ids)
-            if n > best_n:
-                best, best_n = e, n
-        best_n = min(best_n, len(ids) - 1)   # always feed at least the last prompt token
-        if best is not None and _worth_reusing(best_n, len(ids)):
-            if best.in_use:
-                if best.cache is None:           # joined into the decode batch
-                    self._batch.split()
-                cache = copy.deepcopy(best.cache)
-            else:
-                cache = best.cache
-                self._pool.remove(best)
-            assert cache is not None         # split() gave the batch's caches back
-            cache.crop(-(cache.get_seq_length() - best_n))
-            entry = _Entry(list(ids[:best_n]), cache, gen.adapter)
-        else:
-            entry, best_n = _Entry([], DynamicCache(config=self.base_model.config), gen.adapter), 0
-        self._pool.append(entry)
+        entry, cached = self.prefix_pool.take(
+            gen.prompt_ids, gen.adapter, lambda: DynamicCache(config=self.base_model.config),
+            self._batch.split)
         g = torch.Generator()
         g.manual_seed(gen.params.seed if gen.params.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        return _Request(gen=gen, entry=entry, generator=g, cached=best_n, adapter=gen.adapter)
-
-    def _release(self, entry: _Entry) -> None:
-        entry.in_use = False
-        entry.used_at = time.monotonic()
-        idle = sorted((e for e in self._pool if not e.in_use), key=lambda e: e.used_at)
-        for e in idle[:max(0, len(idle) - self.cfg.engine.prefix_cache_entries)]:
-            self._pool.remove(e)
+        return _Request(gen=gen, entry=entry, generator=g, cached=cached, adapter=gen.adapter)
 
     @torch.inference_mode()
     def _forward(self, req: _Request, tokens: list[int]) -> torch.Tensor:
