@@ -16,7 +16,15 @@ from conftest import CLAWRL, MODEL_CACHE, Daemon, make_home
 pytestmark = pytest.mark.model
 
 
-def make_adapter(root, version: int, scale: float = 0.02, poison: bool = False) -> None:
+def make_adapter(root, version: int, scale: float = 0.02, poison: bool = False,
+                 model=None) -> None:
+    """Write version `version`: a real PEFT LoRA (`model`, else one from `lora`)."""
+    model = model or lora(version, scale, poison)
+    adapters.write_version(root, version, lambda path: model.save_pretrained(path),
+                           {"parent": version - 1, "samples": [], "loss": 0.0})
+
+
+def lora(version: int, scale: float = 0.02, poison: bool = False):
     """A real PEFT LoRA for the served base model, with small random (or NaN) B weights."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -31,8 +39,7 @@ def make_adapter(root, version: int, scale: float = 0.02, poison: bool = False) 
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
                 if poison:
                     p[0, 0] = float("nan")
-    adapters.write_version(root, version, lambda path: model.save_pretrained(path),
-                           {"parent": version - 1, "samples": [], "loss": 0.0})
+    return model
 
 
 def wait_active(url: str, version: int, timeout: float = 60) -> dict:
@@ -58,6 +65,7 @@ def test_new_adapter_goes_live_while_a_stream_finishes_on_the_old_one(tmp_path):
     d = Daemon(home).start()
     try:
         chat(d.url, "warm", "Hello there, how are you today?")          # a prompt for the canary
+        ready = lora(1)         # built first: on a busy machine that takes longer than the stream
         streamed, done = [], threading.Event()
 
         def stream():
@@ -73,7 +81,7 @@ def test_new_adapter_goes_live_while_a_stream_finishes_on_the_old_one(tmp_path):
         t.start()
         while len(streamed) < 4:
             time.sleep(0.05)
-        make_adapter(home / "adapters", 1)
+        make_adapter(home / "adapters", 1, model=ready)
         info = wait_active(d.url, 1)
         assert info["versions"][0]["loaded"] and not info["versions"][0]["rejected"]
         assert not done.is_set(), "the swap happened while the stream was still running"
