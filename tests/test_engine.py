@@ -164,6 +164,18 @@ def _wait_merged(engine, version: int) -> None:
     assert engine.fast.is_merged(name), "the adapter was never merged for decode"
 
 
+def _assert_version_serves(engine, version: int, prompt: str, want, want_lp) -> None:
+    """Activated, `version` serves PEFT's answer unmerged and (on the fast step) merged."""
+    engine.activate(version)
+    runs = [asyncio.run(generate(engine, prompt, 16))]
+    if engine.fast is not None:
+        _wait_merged(engine, version)
+        runs.append(asyncio.run(generate(engine, prompt, 16)))
+    for events, finish in runs:
+        assert finish.adapter_version == version
+        _assert_serves(engine, events, want, want_lp)
+
+
 def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_path):
     """A LoRA version, loaded and activated as the swapper does, decodes what PEFT computes
     (float32 and general: the same greedy tokens; int8: close logprobs), first unmerged, then
@@ -175,14 +187,7 @@ def test_an_adapter_serves_what_peft_computes_unmerged_then_merged(engine, tmp_p
     before = [e.token_id for e in asyncio.run(generate(engine, prompt, 16))[0]]
     engine.load_adapter(1, tmp_path / "v1").result(timeout=60)
     try:
-        engine.activate(1)
-        runs = [asyncio.run(generate(engine, prompt, 16))]
-        if engine.fast is not None:
-            _wait_merged(engine, 1)
-            runs.append(asyncio.run(generate(engine, prompt, 16)))
-        for events, finish in runs:
-            assert finish.adapter_version == 1
-            _assert_serves(engine, events, want, want_lp)
+        _assert_version_serves(engine, 1, prompt, want, want_lp)
         engine.activate(0)
         base, finish = asyncio.run(generate(engine, prompt, 16))
         assert finish.adapter_version == 0
@@ -219,14 +224,7 @@ def test_a_version_copied_into_a_freed_slot_serves_exactly_its_own_weights(engin
         engine.load_adapter(22, tmp_path / "b").result(timeout=60)
         assert engine.slots.name(22) == slot
         assert (engine.slots.copied, engine.slots.peft_loads) == (copied + 1, loads)
-        engine.activate(22)
-        runs = [asyncio.run(generate(engine, prompt, 16))]
-        if engine.fast is not None:
-            _wait_merged(engine, 22)
-            runs.append(asyncio.run(generate(engine, prompt, 16)))
-        for events, finish in runs:
-            assert finish.adapter_version == 22
-            _assert_serves(engine, events, want, want_lp)
+        _assert_version_serves(engine, 22, prompt, want, want_lp)
 
         _lora(engine, tmp_path / "c", seed=3, r=4)   # another rank: it cannot share the slot
         engine.load_adapter(23, tmp_path / "c").result(timeout=60)
