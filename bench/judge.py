@@ -1,10 +1,11 @@
 """What a judge costs: milliseconds per judgment, and whether judging slows serving.
 
 1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
-   light load) by the rules judge and by the probe; median and 95th percentile per judgment.
-   Beside it, the base model's reading alone, this path (float32, the chat template's fixed
-   head cached) against the previous one (bfloat16, the whole exchange read each time) on the
-   same lines, as a ratio.
+   light load) by the rules judge and by the probe; median and 95th percentile per judgment, on
+   the machine's threads and on the one thread the daemon gives the probe.
+   Beside it, the base model's reading alone, this path (the layers' matrix products in
+   bfloat16 where the CPU multiplies it natively) against the previous one (float32 products)
+   on the same lines, as a ratio, with the cosine between their feature rows.
 2. Serving: a real `clawrl serve` per judge (the converted model shared). A streamed 160-token
    answer is timed while another client keeps sending short sessions whose replies the judge must
    read (each asks for one token, so what the daemon does for them is mostly judging). The decode
@@ -52,29 +53,27 @@ def latency(judge_one, lines: list) -> dict:
 
 
 def reading_paths(reader, lines: list) -> dict:
-    """Milliseconds of the base model's reading per line: this path against the previous one."""
-    import copy
-
+    """Milliseconds of the base model's reading per line: this path (the layers' products in
+    bfloat16 where the CPU has it) against the previous one (float32 products), interleaved on
+    the same lines, and how close their feature rows are (cosine)."""
     import torch
     exchanges = [probe.exchange(e.question, e.answer, e.text) for e in lines]
-    old = copy.deepcopy(reader.model).to(torch.bfloat16)
-
-    @torch.inference_mode()
-    def previous(m):
-        ids = reader._render(m)[-probe.MAX_TOKENS:]
-        old(input_ids=torch.tensor([ids]), output_hidden_states=True)
-
+    previous = probe.Reader(reader.model_dir, products=torch.float32)
     for m in exchanges[:3]:                     # warm up
-        reader.read_one(m), previous(m)
-    times: dict = {reader.read_one: [], previous: []}
+        reader.read_one(m), previous.read_one(m)
+    times: dict = {reader: [], previous: []}
+    cosines = []
     for m in exchanges:                         # interleaved, so a drift of the machine hits both
-        for fn, seen in times.items():
+        rows = []
+        for r, seen in times.items():
             t0 = time.perf_counter()
-            fn(m)
+            rows.append(r.read_one(m))
             seen.append(1000 * (time.perf_counter() - t0))
+        cosines.append(torch.nn.functional.cosine_similarity(*rows, dim=0).item())
     now, before = (statistics.median(t) for t in times.values())
-    return {"this_path_p50_ms": now, "previous_path_p50_ms": before, "speedup": before / now,
-            "n": len(exchanges)}
+    return {"this_path": reader.precision, "previous_path": previous.precision,
+            "this_path_p50_ms": now, "previous_path_p50_ms": before, "speedup": before / now,
+            "feature_cosine_min": min(cosines), "n": len(exchanges)}
 
 
 def decode_rate(url: str) -> float:
@@ -145,7 +144,12 @@ def main() -> int:
     result["reading"] = reading_paths(reader, lines)
     print(f"reading: {result['reading']['this_path_p50_ms']:.0f} ms against "
           f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path", file=sys.stderr)
-    del mine, reader
+    # The daemon reads on one thread beside the engine (judge/loop.py): the same lines so.
+    one = probe.ProbeJudge(head, reader, threads=1)
+    result["latency"]["probe_one_thread"] = latency(one.judge_sync, lines)
+    print(f"probe on one thread: {result['latency']['probe_one_thread']['p50_ms']:.0f} ms median",
+          file=sys.stderr)
+    del mine, one, reader
     replies = [e.text for e in lines]
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-judge-") as tmp:
         runs = {j: serving(j, cfg.models_dir, Path(tmp), replies, args.rounds)

@@ -70,6 +70,27 @@ def test_the_template_head_is_read_once_and_changes_no_reading(fitted):
     assert all(k.shape[-2] == len(r._head_ids) for k, _ in r._head_kv)
 
 
+def test_bfloat16_products_read_what_float32_reads(fitted, model_dir):
+    """Where the CPU multiplies bfloat16 natively, the layers' products run in it (float32 sums,
+    float32 activations): each feature row stays within a cosine of 0.9999 of float32's, and the
+    head's probabilities within 0.03. A head is keyed by the reading's precision, so a head fitted
+    on one is not used by a reader of the other."""
+    import torch
+    exact = probe.Reader(model_dir, products=torch.float32)
+    fast = probe.Reader(model_dir, products=torch.bfloat16)
+    assert isinstance(fast.model.layers[0].mlp.down_proj, probe._Products)
+    assert isinstance(exact.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert fast.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert fast.precision != exact.precision and fitted.head.meta.dtype == fitted.reader.precision
+    lines = corpus.load("dev")[:8]
+    rows = {r: torch.stack([r.read_one(probe.exchange(e.question, e.answer, e.text)) for e in lines])
+            for r in (exact, fast)}
+    cos = torch.nn.functional.cosine_similarity(rows[exact], rows[fast], dim=1)
+    assert cos.min() > 0.9999 and not rows[exact].equal(rows[fast])
+    diff = (fitted.head.probs(rows[exact]) - fitted.head.probs(rows[fast])).abs().max()
+    assert diff < 0.03, diff
+
+
 def test_probe_beats_rules_on_the_held_out_test_split(fitted):
     test = corpus.load("test")
     mine = judge_eval.measure(fitted, test)

@@ -34,6 +34,7 @@ import torch
 
 from ..chat.format import content_text
 from ..errors import ClawrlError
+from ..models import bf16_supported
 from ..types import JudgeInput, Judgment
 from .judges import combine, rules_hint, tool_vote
 
@@ -84,22 +85,51 @@ def read_layers(depth: int) -> tuple[int, ...]:
     return tuple(range(1, max(1, round(READ_TO * depth)) + 1, READ_EVERY))
 
 
+class _Products(torch.nn.Module):
+    """A Linear whose product runs in `dtype` with float32 sums (oneDNN's bfloat16 kernels);
+    float32 in, float32 out."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        self.weight = linear.weight.detach().to(dtype).contiguous()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).float()
+        return y if self.bias is None else y + self.bias
+
+
+def _products_in(layers: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every Linear under `layers` replaced by one whose product runs in `dtype`."""
+    for module in list(layers.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, _Products(child, dtype))
+
+
 class Reader:
     """The frozen base model, cut after the deepest layer read, turning exchanges into features.
 
-    It reads in float32: on a CPU at this size that is both exact and faster than bfloat16
-    (bench/judge.py), and int8 activations lose too much of what the head reads: dynamic int8
+    Activations stay float32. The layers' matrix products run in bfloat16 (float32 sums) where
+    the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): the products are nearly all of a
+    reading's arithmetic, and there they run several times faster, while a feature row keeps a
+    cosine of 0.99998 or more to float32's (bench/judge.py). Elsewhere they stay float32, since
+    emulated bfloat16 is slower. A whole model in bfloat16 was slower than float32 (its other
+    operations), and int8 activations lose too much of what the head reads: dynamic int8
     Linears read 1.8x faster, but a head refitted on their features had log-loss 0.365 against
     0.262 and 4.6 % wrong signs against 2.0 % (5-fold cross-validation over train and dev).
     The chat template's fixed head (SmolLM2's default system prompt, ~20 tokens) is the same in
     every exchange, so its key/value cache is computed once and only the rest is read.
     Exchanges are read one at a time: no padding, so a reading never depends on its batch."""
 
-    def __init__(self, model_dir: Path | str):
+    def __init__(self, model_dir: Path | str, products: torch.dtype | None = None):
+        """`products`: the dtype of the layers' matrix products (default: bfloat16 where the CPU
+        has native bfloat16 arithmetic, else float32)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.dtype = torch.float32
+        self.products = products or (torch.bfloat16 if bf16_supported() else torch.float32)
         full = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self.dtype)
         depth = full.config.num_hidden_layers
         self.last_at = self.mean_at = self.prompt_at = read_layers(depth)
@@ -107,8 +137,16 @@ class Reader:
         self.model = full.model          # the decoder without the LM head
         self.model.layers = self.model.layers[:max(self.layers)]
         self.model.eval().requires_grad_(False)
+        if self.products != self.dtype:
+            _products_in(self.model.layers, self.products)
         self._head_ids, self._head_kv = self._template_head()
         self._prompt_ids = self._prompt_suffix()
+
+    @property
+    def precision(self) -> str:
+        """What the features were computed in (part of a head's key: a head is fitted on one)."""
+        return str(self.dtype) if self.products == self.dtype else \
+            f"{self.dtype}, {self.products} products"
 
     def _render(self, messages: list[dict], prompt: bool = False) -> list[int]:
         """Token ids of `messages` in chat form; `prompt`: with the assistant's generation
@@ -208,7 +246,7 @@ class HeadMeta:
     model_hash: str
     corpus: str               # fingerprint of the split files it was fitted on
     layers: list[int]         # reply's last-token layers, reply-mean layers, prompt layers
-    dtype: str                # what the base model read in (float32)
+    dtype: str                # what the base model read in (Reader.precision)
     l2: float
     threshold: float          # a correction vote needs at least this p(-1)
     approval_threshold: float  # an approval vote needs at least this p(+1)

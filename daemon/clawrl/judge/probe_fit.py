@@ -176,7 +176,7 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
             head = Head.load(folder)
             reader = reader or Reader(model_dir)
             if (head.meta.corpus, head.meta.format, head.meta.layers, head.meta.dtype) == \
-                    (corpus_print, FORMAT, list(reader.layers), str(reader.dtype)):
+                    (corpus_print, FORMAT, list(reader.layers), reader.precision):
                 return head, reader
             log.info("probe head in %s was fitted on another corpus or reader; fitting a new "
                      "one", folder)
@@ -184,12 +184,12 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
             log.warning("%s; fitting a new one", e)
     reader = reader or Reader(model_dir)
     train, dev = corpus.load("train", data), corpus.load("dev", data)
-    dtype = str(reader.dtype).removeprefix("torch.")
+    dtype = "-".join(str(t).removeprefix("torch.") for t in dict.fromkeys((reader.dtype, reader.products)))
     reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
     cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}-{reading}"
     x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
     x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
-    head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": str(reader.dtype)},
+    head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
                     digest, corpus_print, progress)
     head.save(folder)
     for stale in folder.parent.glob("features-*"):    # caches of corpora no longer fitted on
