@@ -112,12 +112,14 @@ class Reader:
 
     Activations stay float32. The layers' matrix products run in bfloat16 (float32 sums) where
     the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX): the products are nearly all of a
-    reading's arithmetic, and there they run several times faster, while a feature row keeps a
-    cosine of 0.99998 or more to float32's (bench/judge.py). Elsewhere they stay float32, since
-    emulated bfloat16 is slower. A whole model in bfloat16 was slower than float32 (its other
-    operations), and int8 activations lose too much of what the head reads: dynamic int8
-    Linears read 1.8x faster, but a head refitted on their features had log-loss 0.365 against
-    0.262 and 4.6 % wrong signs against 2.0 % (5-fold cross-validation over train and dev).
+    reading's arithmetic, and there they run 2.4x faster, while a feature row keeps a cosine
+    of 0.99998 or more to float32's and five-fold cross-validation gives the same log-loss and
+    wrong signs (0.251 and 1.9 % against 0.250 and 1.9 %; bench/judge.py times both paths).
+    Elsewhere they stay float32, since emulated bfloat16 is slower. A whole model in bfloat16
+    was slower than float32 (its other operations), and int8 activations lose too much of what
+    the head reads: dynamic int8 Linears read 1.8x faster, but a head refitted on their
+    features had log-loss 0.365 against 0.262 and 4.6 % wrong signs against 2.0 % (5-fold
+    cross-validation over train and dev).
     The chat template's fixed head (SmolLM2's default system prompt, ~20 tokens) is the same in
     every exchange, so its key/value cache is computed once and only the rest is read.
     Exchanges are read one at a time: no padding, so a reading never depends on its batch."""
@@ -147,6 +149,11 @@ class Reader:
         """What the features were computed in (part of a head's key: a head is fitted on one)."""
         return str(self.dtype) if self.products == self.dtype else \
             f"{self.dtype}, {self.products} products"
+
+    @property
+    def tag(self) -> str:
+        """The precision in a file name: `float32`, or `float32-bfloat16` with bfloat16 products."""
+        return "-".join(str(t).removeprefix("torch.") for t in dict.fromkeys((self.dtype, self.products)))
 
     def _render(self, messages: list[dict], prompt: bool = False) -> list[int]:
         """Token ids of `messages` in chat form; `prompt`: with the assistant's generation

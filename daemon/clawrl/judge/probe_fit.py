@@ -184,9 +184,8 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
             log.warning("%s; fitting a new one", e)
     reader = reader or Reader(model_dir)
     train, dev = corpus.load("train", data), corpus.load("dev", data)
-    dtype = "-".join(str(t).removeprefix("torch.") for t in dict.fromkeys((reader.dtype, reader.products)))
     reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
-    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{dtype}-{reading}"
+    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{reader.tag}-{reading}"
     x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
     x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
