@@ -3,10 +3,9 @@ models, keyed by the base model's hash), when it is fitted (missing, unreadable,
 another corpus or reader), and the cache of the corpus's features that makes a refit take seconds.
 
 The fit is plain: standardise, a multinomial logistic regression by L-BFGS with its L2 strength
-chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (the most right
-votes less WRONG_SIGN_COST times the wrong-sign ones, keeping MIN_PRECISION on corrections). The
-test split
-is never read here. What a head computes, and the judge that uses it, are judge/probe.py's.
+chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (probe.THRESHOLD_RULE:
+the fewest wrong signs that still find RECALL_FLOORS of the corrections and approvals). The test
+split is never read here. What a head computes, and the judge that uses it, are judge/probe.py's.
 """
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ import torch
 
 from . import corpus
 from .corpus import metrics
-from .probe import (FORMAT, L2_GRID, MIN_PRECISION, WRONG_SIGN_COST, Head, HeadMeta, ProbeError,
-                    Reader, decide, exchange)
+from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS, THRESHOLD_RULE,
+                    WRONG_SIGN_COST, Head, HeadMeta, ProbeError, Reader, decide, exchange)
 
 log = logging.getLogger("clawrl.probe")
 
@@ -62,21 +61,27 @@ def _score(pred: list[int], gold: list[int]) -> dict:
 
 def _choose_thresholds(probs: torch.Tensor, gold: list[int]) -> tuple[float, float, dict]:
     """The thresholds for a correction vote and for an approval vote (each class is calibrated
-    its own way) that give dev the most right votes less WRONG_SIGN_COST times the votes with the
-    wrong sign, among those that keep MIN_PRECISION on corrections; where none does, the pair
-    with the best correction precision."""
+    its own way), by probe.THRESHOLD_RULE, among the pairs that keep MIN_PRECISION on dev's
+    corrections: the fewest wrong signs among those that find RECALL_FLOORS of dev's corrections
+    and approvals; where none does at MAX_WRONG_SIGN or less, the most right votes less
+    WRONG_SIGN_COST times the wrong ones; where no pair keeps the precision, the best precision."""
     grid = [t / 100 for t in range(34, 100, 2)]
     scored = [(tn, tp, _score(decide(probs, tn, tp), gold)) for tn in grid for tp in grid]
     n = max(1, len(gold))
     share = {lab: sum(g == lab for g in gold) / n for lab in (-1, 1)}
 
-    def net(s: dict) -> float:
-        right = s["correction_recall"] * share[-1] + s["approval_recall"] * share[1]
-        return right - WRONG_SIGN_COST * s["wrong_sign_rate"]
+    def right(s: dict) -> float:
+        return s["correction_recall"] * share[-1] + s["approval_recall"] * share[1]
+
     ok = [c for c in scored if c[2]["correction_precision"] >= MIN_PRECISION]
-    if ok:
-        return max(ok, key=lambda c: (net(c[2]), -c[0] - c[1]))
-    return max(scored, key=lambda c: (c[2]["correction_precision"], -c[0] - c[1]))
+    if not ok:
+        return max(scored, key=lambda c: (c[2]["correction_precision"], -c[0] - c[1]))
+    floor_c, floor_a = RECALL_FLOORS
+    found = [c for c in ok if c[2]["correction_recall"] >= floor_c and c[2]["approval_recall"] >= floor_a
+             and c[2]["wrong_sign_rate"] <= MAX_WRONG_SIGN]
+    if found:
+        return min(found, key=lambda c: (c[2]["wrong_sign_rate"], -right(c[2]), c[0] + c[1]))
+    return max(ok, key=lambda c: (right(c[2]) - WRONG_SIGN_COST * c[2]["wrong_sign_rate"], -c[0] - c[1]))
 
 
 def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, reader_key: dict,
@@ -103,7 +108,7 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
     meta = HeadMeta(format=FORMAT, model_hash=model_hash, corpus=corpus_print,
                     **reader_key, l2=l2, threshold=threshold, approval_threshold=approval,
                     dev=dev_score, train_lines=len(train), fit_s=round(time.time() - t0, 1),
-                    created_at=time.time())
+                    created_at=time.time(), rule=THRESHOLD_RULE)
     return Head(mean, std, w, b, meta)
 
 
@@ -175,11 +180,11 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
         try:
             head = Head.load(folder)
             reader = reader or Reader(model_dir)
-            if (head.meta.corpus, head.meta.format, head.meta.layers, head.meta.dtype) == \
-                    (corpus_print, FORMAT, list(reader.layers), reader.precision):
+            if (head.meta.corpus, head.meta.format, head.meta.layers, head.meta.dtype, head.meta.rule) == \
+                    (corpus_print, FORMAT, list(reader.layers), reader.precision, THRESHOLD_RULE):
                 return head, reader
-            log.info("probe head in %s was fitted on another corpus or reader; fitting a new "
-                     "one", folder)
+            log.info("probe head in %s was fitted on another corpus, reader or threshold rule; "
+                     "fitting a new one", folder)
         except ProbeError as e:
             log.warning("%s; fitting a new one", e)
     reader = reader or Reader(model_dir)
