@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from clawrl.bf16 import Products
 from clawrl.judge import corpus
 from clawrl.judge import evaluate as judge_eval, probe, probe_fit
 from clawrl.judge.judges import JudgeInput, RulesJudge
@@ -79,7 +80,7 @@ def test_bfloat16_products_read_what_float32_reads(fitted, model_dir):
     import torch
     exact = probe.Reader(model_dir, products=torch.float32)
     fast = probe.Reader(model_dir, products=torch.bfloat16)
-    assert isinstance(fast.model.layers[0].mlp.down_proj, probe._Products)
+    assert isinstance(fast.model.layers[0].mlp.down_proj, Products)
     assert isinstance(exact.model.layers[0].mlp.down_proj, torch.nn.Linear)
     assert fast.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
     assert fast.precision != exact.precision and fitted.head.meta.dtype == fitted.reader.precision

@@ -34,6 +34,7 @@ import torch
 
 from ..chat.format import content_text
 from ..errors import ClawrlError
+from ..bf16 import products_in
 from ..models import bf16_supported
 from ..types import JudgeInput, Judgment
 from .judges import combine, rules_hint, tool_vote
@@ -94,28 +95,6 @@ def read_layers(depth: int) -> tuple[int, ...]:
     return tuple(range(1, max(1, round(READ_TO * depth)) + 1, READ_EVERY))
 
 
-class _Products(torch.nn.Module):
-    """A Linear whose product runs in `dtype` with float32 sums (oneDNN's bfloat16 kernels);
-    float32 in, float32 out."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
-        super().__init__()
-        self.weight = linear.weight.detach().to(dtype).contiguous()
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).float()
-        return y if self.bias is None else y + self.bias
-
-
-def _products_in(layers: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Every Linear under `layers` replaced by one whose product runs in `dtype`."""
-    for module in list(layers.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, _Products(child, dtype))
-
-
 class Reader:
     """The frozen base model, cut after the deepest layer read, turning exchanges into features.
 
@@ -149,7 +128,7 @@ class Reader:
         self.model.layers = self.model.layers[:max(self.layers)]
         self.model.eval().requires_grad_(False)
         if self.products != self.dtype:
-            _products_in(self.model.layers, self.products)
+            products_in(self.model.layers, self.products)
         self._head_ids, self._head_kv = self._template_head()
         self._prompt_ids = self._prompt_suffix()
 

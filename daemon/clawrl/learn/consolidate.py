@@ -262,7 +262,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     trainer = None
     try:
         watch = _callback(progress, stop)
-        trainer = _kto_trainer(cfg, model_path, window, staging, watch)
+        trainer, path = _kto_trainer(cfg, model_path, window, staging, watch)
         _stop_inside_steps(trainer.model, stop)
         progress({"message": "training", "steps": trainer.state.max_steps or None})
         result = trainer.train()
@@ -280,7 +280,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
                        "desirable": good, "undesirable": len(window) - good},
             "loss": loss, "loss_curve": losses, "steps": trainer.state.global_step,
             "base_model": {"name": cfg.model.name, "source": cfg.model.source, "path": str(model_path)},
-            "seconds": round(time.time() - started, 1), "trl": _trl_version(),
+            "seconds": round(time.time() - started, 1), "trl": _trl_version(), "path": path,
             "recipe": {"consolidate": {k: getattr(c, k) for k in c.__dataclass_fields__},
                        "lora": {"r": cfg.train.lora_r, "alpha": cfg.train.lora_alpha,
                                 "targets": cfg.train.lora_targets}},
@@ -323,8 +323,11 @@ def _trl_version() -> str:
 
 def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: Path, watch):
     """TRL's KTOTrainer on the window: a fresh LoRA on the base model (the reference model is the
-    base itself, the adapter disabled), on the CPU unless the trainer has a GPU. float32 on a CPU:
-    bfloat16 autocast took 4.5 s a turn against 2.9 s here, even with AVX-512 BF16."""
+    base itself, the adapter disabled), on the CPU unless the trainer has a GPU; and how it runs
+    there (meta.json's `path`). On a CPU, float32 with learn/kto_cpu.py's two speed-ups (an LM
+    head that projects only the answers, the frozen base's products in bfloat16 where the CPU has
+    them): bfloat16 autocast took 4.5 s a turn against 2.9 s for plain float32 here, even with
+    AVX-512 BF16; the speed-ups take a step to 0.42 of plain float32's time."""
     import torch
     import datasets
     from peft import LoraConfig
@@ -332,6 +335,7 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
     from transformers.utils import logging as hf_logging
     from trl import KTOConfig, KTOTrainer
 
+    from . import kto_cpu
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     datasets.disable_progress_bars()
@@ -353,11 +357,13 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
         max_grad_norm=t.max_grad_norm or 1.0, logging_steps=1, save_strategy="no", report_to=[],
         disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
         dataloader_num_workers=0, seed=0, remove_unused_columns=False)
-    return KTOTrainer(model=model, args=args, train_dataset=_kto_dataset(tokenizer, window, cfg),
-                      processing_class=tokenizer, callbacks=[watch],
-                      peft_config=LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha,
-                                             target_modules=targets, lora_dropout=0.0,
-                                             task_type="CAUSAL_LM"))
+    trainer = KTOTrainer(model=model, args=args, train_dataset=_kto_dataset(tokenizer, window, cfg),
+                         processing_class=tokenizer, callbacks=[watch],
+                         peft_config=LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha,
+                                                target_modules=targets, lora_dropout=0.0,
+                                                task_type="CAUSAL_LM"))
+    path = {"device": "cuda", "bf16": True} if cuda else {"device": "cpu", **kto_cpu.for_cpu(trainer)}
+    return trainer, path
 
 
 def between_steps(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
