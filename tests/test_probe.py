@@ -5,6 +5,7 @@ The head is fitted once per test session into the shared model cache (as a daemo
 first start); tests that break a head work on their own copy of the models folder."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -144,6 +145,13 @@ def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
     head, _ = probe_fit.ensure_head(model_dir, models, reader=fitted.reader)
     assert head.meta.created_at > fitted.head.meta.created_at
     assert probe.Head.load(folder).meta.created_at == head.meta.created_at
+    assert head.meta.rule == probe.THRESHOLD_RULE
+    # A head whose thresholds were chosen by an older rule (its meta has none, or another) too.
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["rule"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    again, _ = probe_fit.ensure_head(model_dir, models, reader=fitted.reader)
+    assert again.meta.created_at > head.meta.created_at and again.meta.rule == probe.THRESHOLD_RULE
     # A head fitted on another corpus is refitted too.
     data = tmp_path / "data"
     data.mkdir()
