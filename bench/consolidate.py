@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         meta = json.loads((home / "adapters" / "0001" / "meta.json").read_text())
         res.update({"wall_s": round(wall, 1), "meta_seconds": meta["seconds"], "steps": meta["steps"],
                     "loss_first": meta["loss_curve"][0], "loss_last": meta["loss_curve"][-1],
-                    "loss": meta["loss"], "trl": meta["trl"], "recipe": meta["recipe"],
+                    "loss": meta["loss"], "trl": meta["trl"], "recipe": meta["recipe"], "path": meta.get("path"),
                     "target_s": 600, "meets_target": wall <= 600})
         say(f"consolidated {args.turns} turns in {wall:.0f} s ({meta['steps']} steps, loss "
             f"{meta['loss_curve'][0]:.4f} -> {meta['loss_curve'][-1]:.4f})")
