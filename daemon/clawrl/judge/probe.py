@@ -32,9 +32,9 @@ from typing import cast
 
 import torch
 
+from ..bf16 import products_in
 from ..chat.format import content_text
 from ..errors import ClawrlError
-from ..bf16 import products_in
 from ..models import bf16_supported
 from ..types import JudgeInput, Judgment
 from .judges import combine, rules_hint, tool_vote
