@@ -13,10 +13,15 @@ its KTOTrainer when it trains without a GPU; on a GPU, TRL's own path is the fas
   (tests/test_kto_cpu.py checks it against TRL's head). A model whose logits are scaled or
   soft-capped keeps TRL's head.
 - **The frozen base's products in bfloat16** (clawrl.bf16), where the CPU multiplies bfloat16
-  natively. The LoRA, the LM head and the loss stay float32.
+  natively; the LoRA, the LM head and the loss stay float32. Off unless asked for (`products`):
+  it made the steps faster again, but the one end-to-end check run with it on (concise,
+  consolidating at 18 and 36 interactions) served 0.68 and 0.48 where the float32 path had
+  served 0.94 and 0.97, and no A/B has yet shown whether bfloat16 or the run's other
+  differences caused it.
 
-Together, on 4 KTO steps of 8 chat-shaped turns (bench/consolidate.py's shape, alone on the 2
-cores): 168.8 s in TRL's float32 path, 114.2 s with the answer head, 70.5 s with both (2.4x).
+On 4 KTO steps of 8 chat-shaped turns (bench/consolidate.py's shape, alone on the 2 cores):
+168.8 s in TRL's float32 path, 114.2 s with the answer head (1.48x), 70.5 s with bfloat16
+products as well.
 """
 from __future__ import annotations
 
@@ -72,12 +77,14 @@ def answer_lm_head(model) -> bool:
     return True
 
 
-def for_cpu(trainer, products: torch.dtype | None = None) -> dict:
+def for_cpu(trainer, products: torch.dtype = torch.float32) -> dict:
     """The CPU speed-ups on a constructed KTOTrainer whose model is a PEFT model; what was done.
-    `products`: the frozen base's product dtype (default bfloat16 where the CPU has it)."""
+    `products`: the frozen base's product dtype (float32 unless asked; bfloat16 only where the
+    CPU has it natively)."""
     peft_model = trainer.model
     base = peft_model.get_base_model()
-    products = products or (torch.bfloat16 if bf16_supported() else torch.float32)
+    if products == torch.bfloat16 and not bf16_supported():
+        products = torch.float32
     swapped = products_in(base, products, skip=("lm_head",)) if products != torch.float32 else 0
     return {"answer_lm_head": answer_lm_head(base), "products": str(products).removeprefix("torch."),
             "frozen_linears": swapped}
