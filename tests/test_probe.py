@@ -252,6 +252,32 @@ def test_a_feature_cache_of_another_reading_is_read_again(fitted, tmp_path):
     assert probe_fit.corpus_features(r, lines, cache).equal(x)     # and now it is the cache
 
 
+def test_a_grown_corpus_reads_only_its_new_lines(fitted, tmp_path):
+    """Rows are cached by the exchange they read: after the corpus gains or changes lines, only
+    those go through the model again, and the rows equal a reading from scratch."""
+    import dataclasses
+
+    import torch
+    lines = corpus.load("dev")[:5]
+    r = fitted.reader
+    cache = tmp_path / "features.safetensors"
+    first = probe_fit.corpus_features(r, lines[:3], cache)
+    read: list = []
+    real = r.features
+    r.features = lambda exchanges, **kw: read.extend(exchanges) or real(exchanges, **kw)
+    try:
+        changed = dataclasses.replace(lines[1], text=lines[1].text + " ok?")
+        x = probe_fit.corpus_features(r, [lines[0], changed, lines[2], lines[3], lines[4]], cache)
+    finally:
+        r.features = real
+    assert [m[-1]["content"] for m in read] == [probe.exchange("", "", t)[-1]["content"]
+                                                for t in (changed.text, lines[3].text, lines[4].text)]
+    assert x[0].equal(first[0]) and x[2].equal(first[2])
+    assert torch.allclose(x[3], r.read_one(probe.exchange(lines[3].question, lines[3].answer,
+                                                          lines[3].text)))
+    assert probe_fit.corpus_features(r, lines[:2], cache).equal(first[:2])   # pruned, still found
+
+
 def test_judge_train_refits_from_the_cached_features(fitted, tmp_path):
     """`clawrl judge train` (last in this file: it replaces the shared head) refits and says what
     it fitted; the corpus's features are cached, so a refit takes seconds, not minutes."""

@@ -112,28 +112,45 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
     return Head(mean, std, w, b, meta)
 
 
+def line_key(messages: list[dict]) -> bytes:
+    """What a cached feature row is found by: a digest of the exchange the base model read."""
+    import json
+    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).digest()[:16]
+
+
 def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
                     cancel: threading.Event | None = None):
-    """Features of labelled examples, kept in `cache` (a safetensors file) once computed: the
-    base model's reading of a fixed corpus never changes, so a refit takes seconds."""
+    """Features of labelled examples, kept in `cache` (a safetensors file) row by row, each found
+    by its exchange's digest: the base model's reading of a line never changes, so a refit takes
+    seconds, and a corpus that gained or changed lines has only those read again. The cache is
+    rewritten to hold exactly `examples` (tmp + rename)."""
     from safetensors.torch import load_file, save_file
+    exchanges = [exchange(e.question, e.answer, e.text) for e in examples]
+    keys = [line_key(m) for m in exchanges]
+    width = len(reader.layers) * reader.model.config.hidden_size
+    known: dict[bytes, torch.Tensor] = {}
     if cache is not None and cache.exists():
         try:
-            x = load_file(str(cache))["x"]
-            width = len(reader.layers) * reader.model.config.hidden_size
-            if tuple(x.shape) == (len(examples), width):
-                return x
+            t = load_file(str(cache))
+            if t["x"].shape[1:] == (width,) and t["keys"].shape == (len(t["x"]), 16):
+                known = {bytes(k.tolist()): row for k, row in zip(t["keys"], t["x"])}
         except Exception as e:   # a torn cache is only a cache
             log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
-    if progress:
-        progress(f"reading {len(examples)} labelled lines through the base model")
-    x = reader.features([exchange(e.question, e.answer, e.text) for e in examples], cancel=cancel,
-                        progress=(lambda done, total: progress(f"  read {done}/{total} lines"))
-                        if progress else None)
-    if cache is not None:
+    todo = [i for i, k in enumerate(keys) if k not in known]
+    if todo:
+        if progress:
+            progress(f"reading {len(todo)} labelled lines through the base model"
+                     + (f" ({len(examples) - len(todo)} more were read before)" if known else ""))
+        fresh = reader.features([exchanges[i] for i in todo], cancel=cancel,
+                                progress=(lambda done, total: progress(f"  read {done}/{total} lines"))
+                                if progress else None)
+        known.update({keys[i]: row for i, row in zip(todo, fresh)})
+    x = torch.stack([known[k] for k in keys]) if keys else torch.zeros((0, width))
+    if cache is not None and (todo or len(known) != len(set(keys))):
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
-        save_file({"x": x.contiguous()}, str(tmp))
+        save_file({"x": x.contiguous(), "keys": torch.tensor([list(k) for k in keys], dtype=torch.uint8)
+                   .reshape(-1, 16)}, str(tmp))
         os.replace(tmp, cache)
     return x
 
@@ -190,13 +207,14 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     reader = reader or Reader(model_dir)
     train, dev = corpus.load("train", data), corpus.load("dev", data)
     reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
-    cache = folder.parent / f"features-{corpus_print}-{FORMAT}-{reader.tag}-{reading}"
+    # Kept per split and reading, across corpus versions: rows are found by their line.
+    cache = folder.parent / f"features-{FORMAT}-{reader.tag}-{reading}"
     x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
     x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
                     digest, corpus_print, progress)
     head.save(folder)
-    for stale in folder.parent.glob("features-*"):    # caches of corpora no longer fitted on
+    for stale in folder.parent.glob("features-*"):    # caches of readings no longer fitted on
         if not stale.name.startswith(cache.name + "."):
             stale.unlink(missing_ok=True)
     log.info("probe head fitted in %.0f s, thresholds %.2f (correction) and %.2f (approval), "
