@@ -52,8 +52,9 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# The whole suite (CI runs this); the log ends with its 25 slowest tests, to see where the time goes.
 test: setup servers lint typecheck
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=25
 
 # The fast tier for your own loop: no daemon, no server double, no model weights (under 2 minutes).
 test-fast: setup servers lint typecheck
