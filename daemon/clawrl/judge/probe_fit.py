@@ -10,6 +10,7 @@ split is never read here. What a head computes, and the judge that uses it, are 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -114,7 +115,6 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
 
 def line_key(messages: list[dict]) -> bytes:
     """What a cached feature row is found by: a digest of the exchange the base model read."""
-    import json
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).digest()[:16]
 
 
