@@ -52,6 +52,13 @@ def int8_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
+def int8_by_default() -> bool:
+    """Whether `decode_weights = "auto"` picks int8: only where the CPU has AVX512. On an
+    AVX2-only CPU fbgemm's int8 products drift from float32 at once (greedy answers differ from
+    the first token; seen on a 2-core AMD EPYC), so auto decodes in float32 there."""
+    return int8_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 class _Matrix:
     """y = x Wᵀ (+ b) for a packed weight, stored as `kind` says.
 
