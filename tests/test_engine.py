@@ -9,12 +9,12 @@ from conftest import make_home
 from clawrl.config import load_config
 from clawrl.engines import make_engine, prefix_pool
 from clawrl.engines.fastdecode import int8_available, int8_by_default
-
-AVX2_INT8 = ("fbgemm's int8 drifts from float32 at once on a CPU without AVX512; "
-             "decode_weights = auto decodes float32 there")
 from clawrl.types import GenParams
 
 pytestmark = pytest.mark.model
+
+AVX2_INT8 = ("fbgemm's int8 drifts from float32 at once on a CPU without AVX512; "
+             "decode_weights = auto decodes float32 there")
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about snow and mountains.",
            "Count to ten.", "Explain gravity in one sentence, like I'm five years old."]

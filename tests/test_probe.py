@@ -275,7 +275,7 @@ def test_a_grown_corpus_reads_only_its_new_lines(fitted, tmp_path):
     assert x[0].equal(first[0]) and x[2].equal(first[2])
     assert torch.allclose(x[3], r.read_one(probe.exchange(lines[3].question, lines[3].answer,
                                                           lines[3].text)))
-    assert probe_fit.corpus_features(r, lines[:2], cache).equal(first[:2])   # pruned, still found
+    assert probe_fit.corpus_features(r, lines[:2], cache).equal(first[:2])   # line 1 was pruned: read again, the same
 
 
 def test_judge_train_refits_from_the_cached_features(fitted, tmp_path):
