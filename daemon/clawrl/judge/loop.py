@@ -107,7 +107,8 @@ class Judging(BackgroundLoop):
         self._stopping = threading.Event()
         try:
             def build():
-                return probe_fit.head_for(self.cfg, cancel=self._stopping,
+                # The corpus is read at the trainer's priority: serving comes first.
+                return probe_fit.head_for(self.cfg, cancel=self._stopping, nice=10,
                                           progress=lambda msg: log.info("probe head: %s", msg))
             # A thread of its own that ends with the fit: a thread that ran multi-threaded torch
             # keeps its OpenMP pool while it lives, and a second live pool slows the embedded

@@ -110,7 +110,8 @@ class Reader:
     cross-validation over train and dev).
     The chat template's fixed head (SmolLM2's default system prompt, ~20 tokens) is the same in
     every exchange, so its key/value cache is computed once and only the rest is read.
-    Exchanges are read one at a time: no padding, so a reading never depends on its batch."""
+    Exchanges are read one at a time: no padding, so a reading never depends on its batch. (A
+    first fit reads the corpus in several such readers, one per process: judge/probe_workers.py.)"""
 
     def __init__(self, model_dir: Path | str, products: torch.dtype | None = None):
         """`products`: the dtype of the layers' matrix products (default: bfloat16 where the CPU

@@ -14,13 +14,14 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from . import corpus
+from . import corpus, probe_workers
 from .corpus import metrics
 from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS, THRESHOLD_RULE,
                     WRONG_SIGN_COST, Head, HeadMeta, ProbeError, Reader, decide, exchange)
@@ -118,40 +119,62 @@ def line_key(messages: list[dict]) -> bytes:
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).digest()[:16]
 
 
+def _rows_of(path: Path, width: int) -> dict[bytes, torch.Tensor]:
+    """The rows of a feature file (the cache or a worker's shard) by line key; {} when it is torn
+    or holds another reading (a cache is only a cache)."""
+    from safetensors.torch import load_file
+    try:
+        t = load_file(str(path))
+        if t["x"].shape[1:] == (width,) and t["keys"].shape == (len(t["x"]), 16):
+            return {bytes(k.tolist()): row for k, row in zip(t["keys"], t["x"])}
+        log.warning("probe features in %s are of another reading; recomputing", path)
+    except Exception as e:
+        log.warning("probe features in %s unreadable (%s); recomputing", path, e)
+    return {}
+
+
 def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
-                    cancel: threading.Event | None = None):
+                    cancel: threading.Event | None = None, nice: int = 0):
     """Features of labelled examples, kept in `cache` (a safetensors file) row by row, each found
     by its exchange's digest: the base model's reading of a line never changes, so a refit takes
-    seconds, and a corpus that gained or changed lines has only those read again. The cache is
-    rewritten to hold exactly `examples` (tmp + rename)."""
-    from safetensors.torch import load_file, save_file
+    seconds, and a corpus that gained or changed lines has only those read again. Many lines are
+    read in worker processes (judge/probe_workers.py, at niceness `nice`), whose shards a stopped
+    or killed fit leaves for the next. The cache is rewritten to hold exactly `examples`
+    (tmp + rename), and the shards are then removed."""
+    from safetensors.torch import save_file
     exchanges = [exchange(e.question, e.answer, e.text) for e in examples]
     keys = [line_key(m) for m in exchanges]
     width = len(reader.layers) * reader.model.config.hidden_size
-    known: dict[bytes, torch.Tensor] = {}
-    if cache is not None and cache.exists():
-        try:
-            t = load_file(str(cache))
-            if t["x"].shape[1:] == (width,) and t["keys"].shape == (len(t["x"]), 16):
-                known = {bytes(k.tolist()): row for k, row in zip(t["keys"], t["x"])}
-        except Exception as e:   # a torn cache is only a cache
-            log.warning("probe feature cache %s unreadable (%s); recomputing", cache, e)
-    todo = [i for i, k in enumerate(keys) if k not in known]
-    if todo:
-        if progress:
-            progress(f"reading {len(todo)} labelled lines through the base model"
-                     + (f" ({len(examples) - len(todo)} more were read before)" if known else ""))
-        fresh = reader.features([exchanges[i] for i in todo], cancel=cancel,
-                                progress=(lambda done, total: progress(f"  read {done}/{total} lines"))
-                                if progress else None)
-        known.update({keys[i]: row for i, row in zip(todo, fresh)})
-    x = torch.stack([known[k] for k in keys]) if keys else torch.zeros((0, width))
-    if cache is not None and (todo or len(known) != len(set(keys))):
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
-        save_file({"x": x.contiguous(), "keys": torch.tensor([list(k) for k in keys], dtype=torch.uint8)
-                   .reshape(-1, 16)}, str(tmp))
-        os.replace(tmp, cache)
+    with tempfile.TemporaryDirectory(prefix="clawrl-probe-") as scratch:
+        prefix = cache if cache is not None else Path(scratch) / "features"
+        known = _rows_of(cache, width) if cache is not None and cache.exists() else {}
+        for shard in probe_workers.shard_files(prefix):
+            known.update(_rows_of(shard, width))
+        todo = [i for i, k in enumerate(keys) if k not in known]
+        if todo:
+            if progress:
+                progress(f"reading {len(todo)} labelled lines through the base model"
+                         + (f" ({len(examples) - len(todo)} more were read before)" if known else ""))
+            told = (lambda done, total: progress(f"  read {done}/{total} lines")) if progress else None
+            workers = probe_workers.workers_for(len(todo))
+            if workers > 1:
+                probe_workers.read_in_workers(reader, [exchanges[i] for i in todo], [keys[i] for i in todo],
+                                              prefix, workers, nice, told, cancel)
+                for shard in probe_workers.shard_files(prefix):
+                    known.update(_rows_of(shard, width))
+            else:
+                fresh = reader.features([exchanges[i] for i in todo], cancel=cancel, progress=told)
+                known.update({keys[i]: row for i, row in zip(todo, fresh)})
+        x = torch.stack([known[k] for k in keys]) if keys else torch.zeros((0, width))
+        shards = probe_workers.shard_files(prefix)
+        if cache is not None and (todo or shards or len(known) != len(set(keys))):
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.tmp-{os.getpid()}")
+            save_file({"x": x.contiguous(), "keys": torch.tensor([list(k) for k in keys], dtype=torch.uint8)
+                       .reshape(-1, 16)}, str(tmp))
+            os.replace(tmp, cache)
+        for shard in shards:                 # all in the cache now (or scratch)
+            shard.unlink(missing_ok=True)
     return x
 
 
@@ -184,10 +207,11 @@ def _clean_leftovers(folder: Path) -> None:
 
 def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
                 reader: Reader | None = None, rebuild: bool = False, progress=None,
-                cancel: threading.Event | None = None) -> tuple[Head, Reader]:
+                cancel: threading.Event | None = None, nice: int = 0) -> tuple[Head, Reader]:
     """The head for this base model and corpus (`data`, default the built-in one): loaded, or
     fitted and saved when it is missing, unreadable, or fitted on another corpus. `cancel` stops
-    a fit between batches (ProbeError); nothing half-written is left."""
+    a fit between lines (ProbeError); nothing half-written is left, and what was read is kept for
+    the next fit. `nice`: the niceness of the processes that read the corpus."""
     data = Path(data or corpus.CORPUS_DIR)
     digest, corpus_print = model_hash(model_dir), corpus.fingerprint(data)
     folder = head_folder(models_dir, digest)
@@ -209,8 +233,8 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
     # Kept per split and reading, across corpus versions: rows are found by their line.
     cache = folder.parent / f"features-{FORMAT}-{reader.tag}-{reading}"
-    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel)
-    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel)
+    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel, nice)
+    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel, nice)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
                     digest, corpus_print, progress)
     head.save(folder)
@@ -224,9 +248,9 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
 
 
 def head_for(cfg, rebuild: bool = False, progress=None,
-             cancel: threading.Event | None = None) -> tuple[Head, Reader]:
+             cancel: threading.Event | None = None, nice: int = 0) -> tuple[Head, Reader]:
     """The head for a recipe: its base model (converted if needed) and `judge.probe_data`."""
     from ..models import provision
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     return ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None, rebuild=rebuild,
-                       progress=progress, cancel=cancel)
+                       progress=progress, cancel=cancel, nice=nice)
