@@ -2,10 +2,11 @@
 models, keyed by the base model's hash), when it is fitted (missing, unreadable, or fitted on
 another corpus or reader), and the cache of the corpus's features that makes a refit take seconds.
 
-The fit is plain: standardise, a multinomial logistic regression by L-BFGS with its L2 strength
-chosen on the dev split's log-loss, and the abstention thresholds chosen on dev (probe.THRESHOLD_RULE:
-the fewest wrong signs that still find RECALL_FLOORS of the corrections and approvals). The test
-split is never read here. What a head computes, and the judge that uses it, are judge/probe.py's.
+The fit is plain: standardise, a multinomial logistic regression by L-BFGS (on the rows' span,
+where there are fewer lines than features) with its L2 strength chosen on the dev split's
+log-loss, and the abstention thresholds chosen on dev (probe.THRESHOLD_RULE: the fewest wrong signs
+that still find RECALL_FLOORS of the corrections and approvals). The test split is never read
+here. What a head computes, and the judge that uses it, are judge/probe.py's.
 """
 from __future__ import annotations
 
@@ -55,6 +56,18 @@ def _fit(x: torch.Tensor, y: torch.Tensor, l2: float) -> tuple[torch.Tensor, tor
     return w.detach(), b.detach()
 
 
+def _row_space(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """With fewer rows than features, an L2-penalised linear head's weights lie in the span of the
+    rows (any part outside it changes no score and only adds to the penalty). So the fit can run on
+    the rows' coordinates in an orthonormal basis `q` of that span (z = p q^T, `p` square), where
+    every product is smaller, and the weights are c q^T: the same problem, the same penalty, and
+    L-BFGS from zero takes the same steps. None when there are as many rows as features."""
+    if z.shape[0] >= z.shape[1]:
+        return None
+    q, r = torch.linalg.qr(z.T)
+    return q, r.T.contiguous()
+
+
 def _score(pred: list[int], gold: list[int]) -> dict:
     m = metrics(gold, pred)
     return {k: m[k] for k in ("correction_precision", "correction_recall", "approval_precision",
@@ -97,8 +110,13 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
     mean, std = x_tr.mean(0), x_tr.std(0).clamp(min=1e-4)
     z_tr, z_dev = (x_tr - mean) / std, (x_dev - mean) / std
     best: tuple[float, float, torch.Tensor, torch.Tensor] | None = None
+    basis = _row_space(z_tr)
     for l2 in L2_GRID:
-        w, b = _fit(z_tr, y_tr, l2)
+        if basis is None:
+            w, b = _fit(z_tr, y_tr, l2)
+        else:
+            c, b = _fit(basis[1], y_tr, l2)
+            w = c @ basis[0].T
         loss = torch.nn.functional.cross_entropy(z_dev @ w.T + b, _labels_index(gold_dev)).item()
         say(f"L2 {l2:g}: dev log-loss {loss:.3f}")
         if best is None or loss < best[0]:
