@@ -10,7 +10,6 @@ Run it alone on the machine; it needs the converted default model (`clawrl judge
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -44,10 +43,9 @@ def main() -> int:
     rows = {}
     for _ in range(args.rounds):
         for path, n in (("in_process", 1), ("workers", workers)):
-            os.environ["CLAWRL_PROBE_WORKERS"] = str(n)
             with tempfile.TemporaryDirectory() as scratch:    # no cache: every line is read
                 t0 = time.perf_counter()
-                rows[path] = probe_fit.corpus_features(reader, lines, Path(scratch) / "features")
+                rows[path] = probe_fit.corpus_features(reader, lines, Path(scratch) / "features", workers=n)
                 rates[path].append(len(lines) / (time.perf_counter() - t0))
     diff = (rows["in_process"] - rows["workers"]).abs().max().item()
     cos = torch.nn.functional.cosine_similarity(rows["in_process"], rows["workers"], dim=1).min().item()

@@ -278,8 +278,7 @@ def test_a_grown_corpus_reads_only_its_new_lines(fitted, tmp_path):
     assert probe_fit.corpus_features(r, lines[:2], cache).equal(first[:2])   # line 1 was pruned: read again, the same
 
 
-def test_many_lines_are_read_in_worker_processes_and_a_stopped_read_is_resumed(fitted, tmp_path,
-                                                                              monkeypatch):
+def test_many_lines_are_read_in_worker_processes_and_a_stopped_read_is_resumed(fitted, tmp_path):
     """A first fit reads the corpus in worker processes (one torch thread each): their rows are
     the parent's. Stopped midway, it keeps the shards its workers wrote (a row each here), and the
     next fit reads only the rest, then folds the shards into the cache."""
@@ -297,15 +296,13 @@ def test_many_lines_are_read_in_worker_processes_and_a_stopped_read_is_resumed(f
     kept = len(probe_workers.shard_files(cache))
     assert 3 <= kept < len(lines)
     said: list[str] = []
-    monkeypatch.setenv("CLAWRL_PROBE_WORKERS", "2")
-    x = probe_fit.corpus_features(r, lines, cache, progress=said.append)
+    x = probe_fit.corpus_features(r, lines, cache, progress=said.append, workers=2)
     assert said[0] == f"reading {len(lines) - kept} labelled lines through the base model " \
                       f"({kept} more were read before)"
     assert not probe_workers.shard_files(cache) and not list(tmp_path.glob(".*tmp*"))
     for i, m in enumerate(exchanges):
         assert torch.allclose(x[i], r.read_one(m), atol=1e-4)
-    monkeypatch.setenv("CLAWRL_PROBE_WORKERS", "1")
-    assert probe_fit.corpus_features(r, lines, cache).equal(x)      # and now it is the cache
+    assert probe_fit.corpus_features(r, lines, cache, workers=1).equal(x)      # and now it is the cache
 
 
 def test_judge_train_refits_from_the_cached_features(fitted, tmp_path):

@@ -10,17 +10,20 @@ from clawrl.judge import probe, probe_workers
 
 
 def test_few_lines_or_one_core_read_in_process_and_the_setting_overrides(monkeypatch):
-    monkeypatch.delenv("CLAWRL_PROBE_WORKERS", raising=False)
     assert probe_workers.workers_for(probe_workers.MIN_LINES - 1) == 1
     monkeypatch.setattr(probe_workers, "_cores", lambda: 1)
     assert probe_workers.workers_for(5000) == 1
     monkeypatch.setattr(probe_workers, "_cores", lambda: 64)
     assert probe_workers.workers_for(5000) == probe_workers.MAX_WORKERS
-    monkeypatch.setenv("CLAWRL_PROBE_WORKERS", "3")
-    assert probe_workers.workers_for(5) == 3
-    monkeypatch.setenv("CLAWRL_PROBE_WORKERS", "two")
-    with pytest.raises(probe.ProbeError, match="CLAWRL_PROBE_WORKERS='two' is not a number"):
-        probe_workers.workers_for(5000)
+    assert probe_workers.workers_for(5, setting=3) == 3 and probe_workers.workers_for(5000, setting=1) == 1
+
+
+def test_the_recipe_sets_the_readers_and_refuses_a_negative_count():
+    from clawrl.config import load_config
+    from clawrl.errors import ConfigError
+    assert load_config(env={"CLAWRL_JUDGE_PROBE_WORKERS": "2"}).judge.probe_workers == 2
+    with pytest.raises(ConfigError, match="CLAWRL_JUDGE_PROBE_WORKERS = -1 is too small"):
+        load_config(env={"CLAWRL_JUDGE_PROBE_WORKERS": "-1"})
 
 
 def test_a_worker_that_cannot_read_fails_the_fit_with_its_reason(tmp_path):

@@ -124,6 +124,9 @@ class JudgeConfig:
     probe_data: str = _f("", "probe backend: a folder with train.jsonl and dev.jsonl of labelled "
                          "feedback to fit the head on (default: the built-in corpus, "
                          "recipes/feedback)")
+    probe_workers: int = _f(0, "probe backend: processes that read the corpus when a head is fitted "
+                            "(one torch thread each on a small CPU); 0 = one per core, at most 4; "
+                            "1 = read in the daemon's own process", minimum=0)
     votes: int = _f(3, "judge calls per turn (and as many hint calls); majority wins", minimum=1)
     temperature: float = _f(0.6, "sampling temperature of judge calls", minimum=0.0)
     max_tokens: int = _f(128, "budget of one judge call (an engine call also ends at its answer)",

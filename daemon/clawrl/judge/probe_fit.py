@@ -152,11 +152,12 @@ def _rows_of(path: Path, width: int) -> dict[bytes, torch.Tensor]:
 
 
 def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
-                    cancel: threading.Event | None = None, nice: int = 0):
+                    cancel: threading.Event | None = None, nice: int = 0, workers: int = 0):
     """Features of labelled examples, kept in `cache` (a safetensors file) row by row, each found
     by its exchange's digest: the base model's reading of a line never changes, so a refit takes
     seconds, and a corpus that gained or changed lines has only those read again. Many lines are
-    read in worker processes (judge/probe_workers.py, at niceness `nice`), whose shards a stopped
+    read in `workers` processes (judge/probe_workers.py, 0: as many as suit this machine; at
+    niceness `nice`), whose shards a stopped
     or killed fit leaves for the next. The cache is rewritten to hold exactly `examples`
     (tmp + rename), and the shards are then removed."""
     from safetensors.torch import save_file
@@ -174,7 +175,7 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
                 progress(f"reading {len(todo)} labelled lines through the base model"
                          + (f" ({len(examples) - len(todo)} more were read before)" if known else ""))
             told = (lambda done, total: progress(f"  read {done}/{total} lines")) if progress else None
-            workers = probe_workers.workers_for(len(todo))
+            workers = probe_workers.workers_for(len(todo), workers)
             if workers > 1:
                 probe_workers.read_in_workers(reader, [exchanges[i] for i in todo], [keys[i] for i in todo],
                                               prefix, workers, nice, told, cancel)
@@ -225,11 +226,13 @@ def _clean_leftovers(folder: Path) -> None:
 
 def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
                 reader: Reader | None = None, rebuild: bool = False, progress=None,
-                cancel: threading.Event | None = None, nice: int = 0) -> tuple[Head, Reader]:
+                cancel: threading.Event | None = None, nice: int = 0,
+                workers: int = 0) -> tuple[Head, Reader]:
     """The head for this base model and corpus (`data`, default the built-in one): loaded, or
     fitted and saved when it is missing, unreadable, or fitted on another corpus. `cancel` stops
     a fit between lines (ProbeError); nothing half-written is left, and what was read is kept for
-    the next fit. `nice`: the niceness of the processes that read the corpus."""
+    the next fit. `nice` and `workers`: the niceness and number of the processes that read the
+    corpus (corpus_features)."""
     data = Path(data or corpus.CORPUS_DIR)
     digest, corpus_print = model_hash(model_dir), corpus.fingerprint(data)
     folder = head_folder(models_dir, digest)
@@ -251,8 +254,9 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     reading = hashlib.sha256(repr(reader.layers).encode()).hexdigest()[:8]   # which layers
     # Kept per split and reading, across corpus versions: rows are found by their line.
     cache = folder.parent / f"features-{FORMAT}-{reader.tag}-{reading}"
-    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel, nice)
-    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel, nice)
+    x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel, nice,
+                           workers)
+    x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel, nice, workers)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
                     digest, corpus_print, progress)
     head.save(folder)
@@ -271,4 +275,4 @@ def head_for(cfg, rebuild: bool = False, progress=None,
     from ..models import provision
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     return ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None, rebuild=rebuild,
-                       progress=progress, cancel=cancel, nice=nice)
+                       progress=progress, cancel=cancel, nice=nice, workers=cfg.judge.probe_workers)

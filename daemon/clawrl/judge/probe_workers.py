@@ -38,16 +38,12 @@ MAX_WORKERS = 4
 SHARD_LINES = 256       # rows a worker writes at once: what a kill can lose, per worker
 
 
-def workers_for(lines: int) -> int:
-    """How many processes read `lines` lines: one per usable core (at most MAX_WORKERS), or none
-    (read in this process) for few lines or one core. `CLAWRL_PROBE_WORKERS` overrides (1: none)."""
-    env = os.environ.get("CLAWRL_PROBE_WORKERS", "").strip()
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ProbeError(f"CLAWRL_PROBE_WORKERS={env!r} is not a number of processes; "
-                             "set it to 1 or more, or unset it") from None
+def workers_for(lines: int, setting: int = 0) -> int:
+    """How many processes read `lines` lines: `setting` (judge.probe_workers) where it is not 0;
+    else one per usable core (at most MAX_WORKERS), or 1 (read in this process) for few lines or
+    one core."""
+    if setting:
+        return setting
     return 1 if lines < MIN_LINES else max(1, min(_cores(), MAX_WORKERS))
 
 
