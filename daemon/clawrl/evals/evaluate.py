@@ -110,18 +110,36 @@ class Child(DaemonChild):
             time.sleep(0.5)
 
 
-    def consolidate(self, timeout: float) -> dict:
+    def consolidate(self, stall_s: float, progress=None) -> dict:
         """Ask the daemon's trainer to consolidate now and wait for the outcome (its status)."""
-        from ..adapters.versions import read_consolidation
         from ..learn.consolidate import request
         root = self.home / "adapters"
-        rid, deadline = request(root), time.time() + timeout
-        while time.time() < deadline:
-            status = read_consolidation(root) or {}
-            if status.get("request") == rid and status.get("state") not in (None, "running"):
-                return status
-            time.sleep(1.0)
-        raise ClawrlError(f"consolidation did not finish within {timeout:.0f} s")
+        return wait_for_consolidation(root, request(root), stall_s, progress)
+
+
+def wait_for_consolidation(root: Path, rid: str, stall_s: float, progress=None,
+                           poll_s: float = 1.0) -> dict:
+    """The final status of consolidation request `rid` in adapters folder `root`. A consolidation
+    takes as long as its window needs (minutes per 30 steps on a CPU), so it is given up on only
+    when it makes no progress (its step, state or message) for `stall_s`; each new step is passed
+    to `progress`."""
+    from ..adapters.versions import read_consolidation
+    seen, moved = None, time.time()
+    while True:
+        status = read_consolidation(root) or {}
+        mine = status.get("request") == rid
+        if mine and status.get("state") not in (None, "running"):
+            return status
+        now = (status.get("state"), status.get("step"), status.get("message")) if mine else None
+        if now != seen:
+            seen, moved = now, time.time()
+            if mine and progress and status.get("steps"):
+                progress(f"consolidation step {status.get('step') or 0}/{status['steps']}")
+        elif time.time() - moved > stall_s:
+            where = f"at step {status.get('step') or 0} of {status.get('steps')}" if mine \
+                else "it never started (is the daemon's trainer running?)"
+            raise ClawrlError(f"consolidation made no progress for {stall_s:g} s: {where}")
+        time.sleep(poll_s)
 
 
 def chat(client: httpx.Client, url: str, messages: list[dict], session: str, max_tokens: int,
@@ -257,7 +275,8 @@ def run(persona: Persona, *, method: str | None, judge: str, seed: int, interact
                 version = child.settle(settle_timeout) if method else 0
                 consolidated = None
                 if method and done in consolidate_at:
-                    status = child.consolidate(settle_timeout)
+                    status = child.consolidate(settle_timeout, lambda msg: progress(
+                        f"{persona.name}/{label}/seed {seed}: {msg}"))
                     consolidated = status.get("version")
                     progress(f"{persona.name}/{label}/seed {seed}: consolidation {status['state']}: "
                              f"{status.get('message')}")

@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also run each method with consolidation (`clawrl consolidate`) after these "
                          "many interactions, on the same seeds, e.g. 36,72")
     sp.add_argument("--settle-timeout", type=float, default=600,
-                    help="seconds to wait at a checkpoint for judge, trainer and swap (default 600)")
+                    help="seconds to wait at a checkpoint for judge, trainer and swap, and for a "
+                         "consolidation to take its next step (default 600)")
     sp.add_argument("--out", default="bench/out/eval", help="where results go (default bench/out/eval)")
     sp.add_argument("--work", help="where the runs' daemon homes go (default: a temp folder)")
     sp.add_argument("--resume", action="store_true",
