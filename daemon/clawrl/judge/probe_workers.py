@@ -2,7 +2,10 @@
 
 At batch 1 a 135M model's products are too small for two threads to share well: on a 2-core CPU
 one reading takes 197 ms on two threads and 264 ms on one, so two processes on one thread each
-read about 1.4x as many lines a second (bench/probe_read.py times both). Each worker loads its own
+read more lines a second. bench/probe_read.py times both: 5.53 against 4.85 lines a second on a
+2-core AVX2 machine (1.14x, 300 dev lines in 2 interleaved rounds, identical rows;
+bench/results/probe-read.json), less than the 1.4x those single timings suggest. Each worker
+loads its own
 `probe.Reader` (the same code and weights; its rows equal the parent's to float rounding), reads an
 interleaved share of the lines and writes its rows to shard files as it goes (tmp + rename,
 keyed by line like the feature cache): a fit that is stopped or killed keeps what was read, and the
