@@ -5,9 +5,8 @@ one reading takes 197 ms on two threads and 264 ms on one, so two processes on o
 read more lines a second. bench/probe_read.py times both: 5.53 against 4.85 lines a second on a
 2-core AVX2 machine (1.14x, 300 dev lines in 2 interleaved rounds, identical rows;
 bench/results/probe-read.json), less than the 1.4x those single timings suggest. Each worker
-loads its own
-`probe.Reader` (the same code and weights; its rows equal the parent's to float rounding), reads an
-interleaved share of the lines and writes its rows to shard files as it goes (tmp + rename,
+loads its own `probe.Reader` (the same code and weights; its rows equal the parent's to float
+rounding), reads an interleaved share of the lines and writes its rows to shard files as it goes (tmp + rename,
 keyed by line like the feature cache): a fit that is stopped or killed keeps what was read, and the
 next one reads only the rest (`probe_fit.corpus_features` merges the shards). The workers run at
 the given niceness, so a daemon's first fit gives way to serving, and each exits when its parent
