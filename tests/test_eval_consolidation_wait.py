@@ -30,9 +30,9 @@ def _trainer(root, rid, steps, every_s, end="done"):
 
 def test_a_run_longer_than_the_stall_limit_is_waited_for_while_it_takes_steps(tmp_path):
     said: list[str] = []
-    # 6 steps of 0.15 s: 0.9 s in all, three times the stall limit, but never still for long.
-    t = _trainer(tmp_path, "r1", steps=6, every_s=0.15)
-    status = wait_for_consolidation(tmp_path, "r1", stall_s=0.6, progress=said.append, poll_s=0.02)
+    # 7 writes 0.25 s apart: 1.75 s in all, past the 1 s stall limit, but never still for long.
+    t = _trainer(tmp_path, "r1", steps=6, every_s=0.25)
+    status = wait_for_consolidation(tmp_path, "r1", stall_s=1.0, progress=said.append, poll_s=0.02)
     t.join()
     assert status["state"] == "done" and status["version"] == 7
     assert said[0] == "consolidation step 0/6" and said[-1] == "consolidation step 6/6"
