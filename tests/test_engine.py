@@ -8,13 +8,10 @@ import pytest
 from conftest import make_home
 from clawrl.config import load_config
 from clawrl.engines import make_engine, prefix_pool
-from clawrl.engines.fastdecode import int8_available, int8_by_default
+from clawrl.engines.fastdecode import int8_available
 from clawrl.types import GenParams
 
 pytestmark = pytest.mark.model
-
-AVX2_INT8 = ("fbgemm's int8 drifts from float32 at once on a CPU without AVX512; "
-             "decode_weights = auto decodes float32 there")
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about snow and mountains.",
            "Count to ten.", "Explain gravity in one sentence, like I'm five years old."]
@@ -135,25 +132,42 @@ def _lora(engine, folder, seed: int, r: int = 8, strength: float = 0.3):
 
 
 def _peft_answer(engine, pm, prompt: str, n: int = 16):
-    """PEFT's own greedy answer to `prompt` and its tokens' logprobs."""
+    """PEFT's own greedy answer to `prompt`, its tokens' logprobs, and at each of its positions
+    how far the runner-up token's logprob lies below the greedy one's (the margin)."""
     import torch
     ids = engine.render([{"role": "user", "content": prompt}], None)
     with torch.inference_mode():
         want = pm.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):]
         logits = pm(input_ids=torch.cat([torch.tensor(ids), want]).unsqueeze(0)).logits[0].float()
-    return want.tolist(), [float(v) for v in logits[len(ids) - 1:-1].log_softmax(-1)
-                           .gather(1, want.unsqueeze(1))[:, 0]]
+    logps = logits[len(ids) - 1:-1].log_softmax(-1)
+    top2 = logps.topk(2).values
+    return want.tolist(), Answer([float(v) for v in logps.gather(1, want.unsqueeze(1))[:, 0]],
+                                 [float(a - b) for a, b in top2])
 
 
-def _assert_serves(engine, events, want: list[int], want_lp: list[float]) -> None:
-    """float32 and general: PEFT's greedy tokens and logprobs; int8: close while tokens agree."""
+class Answer(list):
+    """An answer's logprobs (a list), with `margins`: each position's greedy-minus-runner-up gap."""
+
+    def __init__(self, logprobs: list[float], margins: list[float]):
+        super().__init__(logprobs)
+        self.margins = margins
+
+
+# int8 products err by a few tenths of a logprob now and then (bench/RESULTS-serve.md), so where
+# PEFT's own choice is that close a call, int8 may take the runner-up, and serves another answer.
+NEAR_TIE = 0.6
+
+
+def _assert_serves(engine, events, want: list[int], want_lp: Answer) -> None:
+    """float32 and general: PEFT's greedy tokens and logprobs; int8: close while tokens agree,
+    and leaving PEFT's answer only before 4 tokens where PEFT's choice was a near tie."""
     toks = [e.token_id for e in events]
     if engine.cfg.engine.decode_weights == "int8":
         n = next((i for i, (a, b) in enumerate(zip(toks, want)) if a != b), min(len(toks), len(want)))
-        if n < 4 and not int8_by_default():
-            pytest.xfail(AVX2_INT8)
-        assert n >= 4, f"int8 left float32's greedy answer at token {n}"
-        assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
+        assert n >= 4 or want_lp.margins[n] < NEAR_TIE, \
+            f"int8 left float32's greedy answer at token {n}, where PEFT's margin was {want_lp.margins[n]:.2f}"
+        if n:
+            assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
     else:
         assert toks == want[:len(events)]
         assert [e.logprob for e in events] == pytest.approx(want_lp[:len(events)], abs=2e-3)
