@@ -238,7 +238,7 @@ class FastDecoder:
     """The decode step over `model`'s own weights, packed once (see the module docstring).
 
     `weights` picks their storage for decode: float32 (exact), bfloat16, or int8 (a quarter of
-    the bytes, one scale per output row, activations in bfloat16)."""
+    the bytes, one scale per output row, activations quantized per row at each step)."""
 
     def __init__(self, model, weights: str = "float32"):
         if weights not in DECODE_WEIGHTS:
