@@ -62,6 +62,14 @@ def int8_by_default() -> bool:
     return int8_available() and not int8_pairs_overflow()
 
 
+def _int8_packed(w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+    """fbgemm's packed form of `w` quantized to int8 at one scale per output row."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # quantized tensors are marked deprecated
+        wq = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(wq, bias)
+
+
 _PAIRS_OVERFLOW: bool | None = None
 
 
@@ -75,12 +83,8 @@ def int8_pairs_overflow() -> bool:
     global _PAIRS_OVERFLOW
     if _PAIRS_OVERFLOW is None:
         n = 64                            # every pair is 255 x 127 (x = 1 at scale 1/255, w = 1 at 1/127)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")          # quantized tensors are marked deprecated
-            w = torch.quantize_per_channel(torch.ones(2, n), torch.full((2,), 1 / 127, dtype=torch.double),
-                                           torch.zeros(2, dtype=torch.long), 0, torch.qint8)
-            y = torch.ops.quantized.linear_dynamic(torch.ones(1, n), torch.ops.quantized.linear_prepack(w, None),
-                                                   False)
+        packed = _int8_packed(torch.ones(2, n), torch.full((2,), 1 / 127, dtype=torch.double), None)
+        y = torch.ops.quantized.linear_dynamic(torch.ones(1, n), packed, False)
         _PAIRS_OVERFLOW = float((y - n).abs().max()) > 0.5
     return _PAIRS_OVERFLOW
 
@@ -118,12 +122,7 @@ class _Matrix:
         w = weight.detach().float()
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if kind == "int8":
-            scale = int8_scales(w)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")      # quantized tensors are marked deprecated
-                wq = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long),
-                                                0, torch.qint8)
-                self.packed = torch.ops.quantized.linear_prepack(wq, self.bias)
+            self.packed = _int8_packed(w, int8_scales(w), self.bias)
             self.bias = None
         else:
             self.weight = w.to(getattr(torch, kind)).contiguous()
