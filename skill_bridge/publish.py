@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from .validate import SkillIssue, is_hidden, validate_skill, walk
 
@@ -140,6 +141,15 @@ class Publisher:
             names = {p.name for p in self.source.iterdir() if not is_hidden(p.name)}
             names |= set(self._load())
             return [self.reconcile(n) for n in sorted(names)]
+
+    def apply(self, name: str, change: Callable[[], object]) -> SkillResult:
+        """Run `change` (a write to source/<name>) and reconcile the skill, with no reconcile of
+        anyone else (the watcher) in between: the result is the transition this change caused,
+        so whoever made it can say whether it went live. An exception from `change` propagates
+        and nothing is reconciled."""
+        with self._lock:
+            change()
+            return self.reconcile(name)
 
     def reconcile(self, name: str) -> SkillResult:
         """Bring target/<name> in line with source/<name>."""

@@ -302,6 +302,34 @@ def test_publish_then_unchanged_then_unpublish(dirs):
     assert [p.name for p in target.iterdir()] == [".clawrl-published.json"]
 
 
+def test_an_applied_change_reports_its_own_transition_even_when_the_watcher_fires_at_once(dirs):
+    """The daemon's endpoint deletes or writes a skill and answers with what that did. A watcher
+    reconcile that fires between the write and the endpoint's reconcile would take the transition
+    and leave the endpoint "unchanged" (seen in CI); apply() holds it off until the change is
+    reconciled."""
+    source, target = dirs
+    make_skill(source, "alpha")
+    pub = Publisher(source, target)
+    assert pub.reconcile("alpha").status == "published"
+    watcher_saw: list[str] = []
+    watcher = threading.Thread(target=lambda: watcher_saw.append(pub.reconcile("alpha").status))
+
+    def delete():
+        shutil.rmtree(source / "alpha")
+        watcher.start()         # the watcher's event for the deletion, at the worst moment
+        watcher.join(0.3)       # it must not get through while the change is being applied
+
+    assert pub.apply("alpha", delete).status == "unpublished"
+    watcher.join(5)
+    assert watcher_saw == ["unchanged"] and not (target / "alpha").exists()
+
+    def broken():
+        raise SkillPathError("refused before writing")
+    with pytest.raises(SkillPathError):
+        pub.apply("alpha", broken)
+    assert pub.managed() == {}
+
+
 def test_invalid_source_keeps_last_valid_version(dirs):
     source, target = dirs
     make_skill(source, "beta")

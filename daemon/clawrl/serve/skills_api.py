@@ -83,7 +83,8 @@ async def _write(request: Request, name: str, body: dict, create: bool) -> Respo
     bridge = _bridge(request)
     files = _files(body, name, create)
     try:
-        await asyncio.to_thread(write_skill, bridge.source, name, files, create=create)
+        result = await asyncio.to_thread(
+            bridge.author, name, lambda: write_skill(bridge.source, name, files, create=create))
     except SkillExists:
         raise RequestError(f"a skill named {name!r} exists already: PATCH /v1/skills/{name} "
                            "changes it", status=409, param="name", code="skill_exists") from None
@@ -96,7 +97,7 @@ async def _write(request: Request, name: str, body: dict, create: bool) -> Respo
         raise RequestError("the skill does not validate, nothing was written: "
                            + "; ".join(str(i) for i in e.issues), param="files",
                            code="invalid_skill") from None
-    return _answer(await asyncio.to_thread(bridge.reconcile, name), 201 if create else 200)
+    return _answer(result, 201 if create else 200)
 
 
 async def create(request: Request) -> Response:
@@ -128,13 +129,14 @@ async def show(request: Request) -> Response:
 async def remove(request: Request) -> Response:
     bridge, name = _bridge(request), request.path_params["name"]
     try:
-        await asyncio.to_thread(delete_skill, bridge.source, name)
+        result = await asyncio.to_thread(
+            bridge.author, name, lambda: delete_skill(bridge.source, name))
     except SkillNotFound:
         raise RequestError(f"no skill named {name!r}", status=404, param="name",
                            code="skill_not_found") from None
     except SkillPathError as e:
         raise RequestError(str(e), param="name", code="invalid_skill_path") from None
-    return _answer(await asyncio.to_thread(bridge.reconcile, name))
+    return _answer(result)
 
 
 async def listing(request: Request) -> Response:

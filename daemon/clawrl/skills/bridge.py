@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from skill_bridge import Publisher, SkillResult, SkillWatcher
 
@@ -107,7 +108,12 @@ class SkillBridge:
 
     def reconcile(self, name: str) -> SkillResult:
         """Check and publish one skill now (the watcher will find it unchanged)."""
-        result = self.publisher.reconcile(name)
+        return self.author(name, lambda: None)
+
+    def author(self, name: str, change: Callable[[], object]) -> SkillResult:
+        """Make a change to the skill's source and publish it at once, before the watcher can:
+        the result (published, unpublished, error) is what this change did."""
+        result = self.publisher.apply(name, change)
         self._on_result(result)
         return result
 
