@@ -40,7 +40,7 @@ class EngineConfig:
                              "per token: int8 (a quarter of float32's bytes, logprobs within ~0.07 "
                              "of float32's), float32 or bfloat16 (exact for that dtype), or "
                              "general (transformers' own forward, slower); auto = int8 on an x86 "
-                             "CPU with VNNI, else the engine dtype",
+                             "CPU, else the engine dtype",
                              ("auto", "int8", "float32", "bfloat16", "general"))
     threads: int = _f(0, "torch threads for serving; 0 = all cores", minimum=0)
     prefix_cache_entries: int = _f(4, "KV caches kept for prefix reuse (about one per live session)",

@@ -3,8 +3,9 @@
 One asyncio task in the daemon polls the adapters folder (a few times a second: cheaper and more
 robust than inotify for one folder). A new complete version is checked (weights and training loss
 finite), loaded into the engine between two decode steps and made active; then a canary answers
-recent served prompts with it, and if it has collapsed (empty or looping answers) it is marked
-REJECTED, the previous version is restored and the bad one unloaded. Activating before the canary
+recent served prompts with it, and if it has collapsed (empty or looping answers, where the base
+model's answers to the same prompts are not) it is marked REJECTED, the previous version is
+restored and the bad one unloaded. Activating before the canary
 keeps the swap itself at a load (~0.3 s); a canary first would add its whole run (~2 s) to every
 swap, for a collapse that is rare and is taken back within that same time. Requests already
 running finish on the version they started with, so a swap never fails or refuses a request.
@@ -29,12 +30,30 @@ from ..types import GenParams
 log = logging.getLogger("clawrl.swap")
 POLL_S = 0.1
 CANARY_PROMPTS, CANARY_TOKENS = 2, 16
+LOOPS, LOOPS_OVER_BASE = 0.5, 0.2    # a loop: this much 4-gram repetition, and this much above the base's
 
 
 def repetition(ids: list[int], n: int = 4) -> float:
     """Share of repeated n-grams in a token sequence (0 = none, near 1 = a loop)."""
     grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def collapse(answers: list[tuple[list[int], str]], base: list[tuple[list[int], str]]) -> str | None:
+    """Why a version's canary answers (token ids, text) show a collapse, or None. They are read
+    against the base model's answers to the same prompts: a small model can loop on a prompt by
+    itself, greedily (SmolLM2-135M on int8 weights repeated a phrase within 16 tokens on both
+    prompts of a test), and a version that loops no more than its base has not collapsed."""
+    def empty(outs):
+        return all(not text.strip() for _, text in outs)
+
+    if empty(answers) and not empty(base):
+        return "canary: every answer was empty"
+    loops = min(repetition(ids) for ids, _ in answers)
+    before = min(repetition(ids) for ids, _ in base)
+    if loops > LOOPS and loops > before + LOOPS_OVER_BASE:
+        return f"canary: answers loop (4-gram repetition {loops:.2f}, the base model's {before:.2f})"
+    return None
 
 
 class Swapper(BackgroundLoop):
@@ -166,22 +185,20 @@ class Swapper(BackgroundLoop):
                 await asyncio.wrap_future(self.engine.unload_adapter(v))
 
     async def _canary(self, version: int) -> str | None:
-        """Answer a few recent prompts with the new version; a collapse is a reason to reject."""
+        """Answer a few recent prompts with the new version and with the base model; a collapse
+        the base does not show is a reason to reject."""
         prompts = await self.store.recent_prompts(CANARY_PROMPTS, max_tokens=1024)
         if not prompts:
             return None
-        async def answer(ids):    # run together: the engine decodes them in one batch
+
+        async def answer(ids, adapter):    # run together: the engine decodes them in one batch
             gen = self.engine.submit(ids, GenParams(max_tokens=CANARY_TOKENS, temperature=0),
-                                     adapter=version)
-            return [(ev.token_id, ev.text) async for ev in gen]
-        outs = await asyncio.gather(*(answer(ids) for ids in prompts))
-        texts = ["".join(t for _, t in out).strip() for out in outs]
-        if all(not t for t in texts):
-            return "canary: every answer was empty"
-        loops = [repetition([i for i, _ in out]) for out in outs]
-        if min(loops) > 0.5:
-            return f"canary: answers loop (4-gram repetition {min(loops):.2f})"
-        return None
+                                     adapter=adapter)
+            tokens = [(ev.token_id, ev.text) async for ev in gen]
+            return [i for i, _ in tokens], "".join(t for _, t in tokens)
+
+        outs = await asyncio.gather(*(answer(ids, a) for a in (version, 0) for ids in prompts))
+        return collapse(outs[:len(prompts)], outs[len(prompts):])
 
     # -- operator commands ---------------------------------------------------------------------
     async def activate(self, version: int) -> None:

@@ -37,7 +37,7 @@ from ..models import bf16_supported, log, provision
 from ..types import Finish, GenParams, TokenEvent
 from .adapter_slots import AdapterSlots
 from .base import Generation, render_checked
-from .fastdecode import FastDecoder, int8_available, int8_by_default, supported
+from .fastdecode import FastDecoder, int8_available, supported
 from .kvbatch import DecodeBatch
 from .prefix_pool import Entry, PrefixPool
 
@@ -142,7 +142,7 @@ class EmbeddedEngine:
         (asked for, or the model has no fast step: said once in the log)."""
         want = self.cfg.engine.decode_weights
         if want == "auto":
-            want = "int8" if int8_by_default() else dtype
+            want = "int8" if int8_available() else dtype
         elif want == "int8" and not int8_available():
             log("engine.decode_weights = int8 needs fbgemm (an x86 CPU); decoding in "
                 f"{dtype} instead")

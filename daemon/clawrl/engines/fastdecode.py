@@ -52,16 +52,6 @@ def int8_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-def int8_by_default() -> bool:
-    """Whether `decode_weights = "auto"` picks int8: where fbgemm runs (x86) and its kernel sums
-    products in 32 bits (VNNI). Where it sums them in 16-bit pairs (AVX2), int8 is right too
-    (`int8_scales`) and 2.2-2.5x faster than float32, but greedy answers move enough that the swap's
-    canary, which rejects a version whose answers all loop and does not compare them with the
-    base's, turned down a near-copy of the base model in the test suite; there auto stays
-    float32, and `decode_weights = "int8"` opts in."""
-    return int8_available() and not int8_pairs_overflow()
-
-
 def _int8_packed(w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
     """fbgemm's packed form of `w` quantized to int8 at one scale per output row."""
     with warnings.catch_warnings():
