@@ -83,7 +83,8 @@ async def compare(call, render, clawrl_url: str, other_url: str, contexts: list[
 
 
 def print_against(res: dict) -> None:
-    print(f"clawrl ({res['clawrl_url']}) against {res['other_url']}: {res['tokens']} tokens, "
+    live = " (clawrl on adapter 1, merged)" if res.get("meta", {}).get("adapter_live") else ""
+    print(f"clawrl ({res['clawrl_url']}){live} against {res['other_url']}: {res['tokens']} tokens, "
           f"greedy, median of {res['reps']}, interleaved")
     print(f"  {'workload':<12}{'metric':<16}{'clawrl':>10}{'other':>10}{'ratio':>8}")
     for name, w in res["workloads"].items():

@@ -26,7 +26,8 @@ that JSON to a file. Progress goes to stderr. The machine this runs on may be bu
 
     .venv/bin/python bench/serve.py [--quick] [--home DIR] [--port P] [--threads N]
                                     [--max-tokens N] [--prefix-tokens N] [--out FILE]
-                                    [--against URL [--against-contexts 7000,13000]]
+                                    [--against URL [--against-contexts 7000,13000]
+                                     [--against-adapter]]
 """
 from __future__ import annotations
 
@@ -335,6 +336,39 @@ def bench_env(home: Path, work: Path, threads: int) -> dict[str, str]:
     return env
 
 
+def adapter_home(cfg, engine, home: Path, work: Path) -> Path:
+    """A home for `--against-adapter`: the bench home's converted model, and adapter version 1
+    (bench/decode.py's: the recipe's rank and targets, small random weights) for the daemon to
+    swap in at start. The bench home itself gets no adapter, so a later run serves the base."""
+    from decode import write_adapter
+
+    from clawrl.adapters import versions
+    served = work / "home"
+    served.mkdir()
+    (served / "models").symlink_to(home / "models")
+    versions.write_version(served / "adapters", 1,
+                           lambda d: write_adapter(cfg, engine.base_model, d),
+                           {"parent": None, "samples": [], "loss": 0.0})
+    return served
+
+
+def wait_live(url: str, version: int, log: Path, timeout: float = 120) -> None:
+    """Until `version` serves, its canary has passed and the engine has merged it into its decode
+    weights (what serving on a version costs from a few seconds after its swap on)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = httpx.get(f"{url}/v1/adapters", timeout=10).json()
+        if info["active"] == version and any(e["version"] == version and e["event"] == "canary passed"
+                                             for e in info["events"]) \
+                and "merged into the decode weights" in log.read_text(errors="replace"):
+            return
+        for v in info["versions"]:
+            if v["version"] == version and v["rejected"]:
+                raise RuntimeError(f"adapter {version} was rejected: {v['rejected']}")
+        time.sleep(0.2)
+    raise RuntimeError(f"adapter {version} did not go live within {timeout:.0f} s")
+
+
 def cpu_seconds(server_pid: int) -> tuple[float, float, float] | None:
     """(whole machine busy, this process, the server) CPU seconds so far; None off Linux.
     Their difference over the run is what other processes used: the contention."""
@@ -444,6 +478,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--against-tokens", type=int, default=128,
                    help="--against: tokens decoded per request (default 128)")
     p.add_argument("--against-reps", type=int, default=3, help="--against: repetitions (default 3)")
+    p.add_argument("--against-adapter", action="store_true",
+                   help="--against: clawrl serves a LoRA version (the recipe's rank and targets, "
+                        "small random weights), live before the comparison starts")
     p.add_argument("--out", help="also write the JSON results to this file")
     return p.parse_args(argv)
 
@@ -468,11 +505,14 @@ def main(argv=None) -> int:
         url = f"http://127.0.0.1:{port}"
         # --against: the rules judge and no trainer, whose first probe fit or start-up would
         # compete for the cores
-        daemon = DaemonChild(home, {**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
+        served = adapter_home(cfg, engine, home, work) if args.against_adapter else home
+        daemon = DaemonChild(served, {**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
                              if args.against else env, port=port, log=work / "serve.log").start()
         proc = daemon.proc
         assert proc is not None     # start() made it
-        say("server ready")
+        if args.against_adapter:
+            wait_live(url, 1, work / "serve.log")
+        say("server ready" + (", adapter 1 live" if args.against_adapter else ""))
         t0, cpu0 = time.perf_counter(), cpu_seconds(proc.pid)
         if args.against:
             contexts = [int(c) for c in args.against_contexts.split(",") if c]
@@ -489,7 +529,7 @@ def main(argv=None) -> int:
             "other_load_cores": other_load(cpu0, cpu1, t1 - t0),
             "quick": args.quick, "home": str(home), "targets": TARGETS,
             "wall_s": time.perf_counter() - T_START,
-            "decode": engine.decode_path}
+            "decode": engine.decode_path, "adapter_live": bool(args.against_adapter)}
         ok = True
     except BaseException:
         if proc is not None:
