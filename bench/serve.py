@@ -506,8 +506,9 @@ def main(argv=None) -> int:
         # --against: the rules judge and no trainer, whose first probe fit or start-up would
         # compete for the cores
         served = adapter_home(cfg, engine, home, work) if args.against_adapter else home
-        daemon = DaemonChild(served, {**env, "CLAWRL_JUDGE_BACKEND": "rules", "CLAWRL_TRAIN_ENABLED": "false"}
-                             if args.against else env, port=port, log=work / "serve.log").start()
+        daemon = DaemonChild(served, {**env, "CLAWRL_HOME": str(served), "CLAWRL_JUDGE_BACKEND": "rules",
+                                      "CLAWRL_TRAIN_ENABLED": "false"} if args.against else env,
+                             port=port, log=work / "serve.log").start()
         proc = daemon.proc
         assert proc is not None     # start() made it
         if args.against_adapter:
