@@ -2,13 +2,33 @@
 package's one harness, clawrl.evals.child.DaemonChild.)"""
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def portable(value):
+    """`value` with this machine's paths written as the reader's: the repository as `.`, the
+    temporary folder as `$TMPDIR` and the home folder as `~`, so a committed result names no path
+    of the machine that produced it."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    if not isinstance(value, str) or os.sep not in value:
+        return value
+    for root, shown in ((str(REPO), "."), (tempfile.gettempdir(), "$TMPDIR"), (str(Path.home()), "~")):
+        if root and root != os.sep and root in value:
+            value = value.replace(root, shown)
+    return value
+
 
 def emit(results: dict, out: str | None) -> None:
     """The machine-readable result: one JSON line on stdout, and in `out` when given."""
-    import json
-    from pathlib import Path
-
-    line = json.dumps(results, separators=(",", ":"))
+    line = json.dumps(portable(results), separators=(",", ":"))
     print(line)
     if out:
         Path(out).write_text(line + "\n")
