@@ -13,11 +13,14 @@ busy machine slows every path alike:
   swap    an adapter folder -> loaded and live (`load_adapter(...).result()` + `activate`), ms;
           on the fast step it is live unmerged at once, and merged (`merged_s`) in the background
 
-Ratios are against `general` at the recipe's dtype: the previous default. Progress goes to
-stderr; the table, then one JSON line, to stdout. Each (repetition, path) runs in a child process
-of its own (`--out FILE` writes the JSON too).
+Ratios are against `general` at the recipe's dtype: the previous default. A path may name a git
+revision, `int8@HEAD~1`: its children import the daemon's code as it was at that revision (the
+bench's own code stays this one's), so a change is measured against the code before it, in one
+run; ratios are then against the first path that names a revision. Progress goes to stderr; the
+table, then one JSON line, to stdout. Each (repetition, path) runs in a child process of its own
+(`--out FILE` writes the JSON too).
 
-    .venv/bin/python bench/decode.py [--paths general,float32,int8] [--reps 3] [--tokens 128]
+    .venv/bin/python bench/decode.py [--paths general,float32,int8,int8@REV] [--reps 3] [--tokens 128]
                                      [--context 7000] [--home DIR] [--out FILE]
                                      [--child-env KEY=VALUE] [--accuracy]
 """
@@ -104,7 +107,7 @@ async def child(args) -> dict:
         torch.manual_seed(0)
         write_adapter(engine.cfg, engine.base_model, adapter_dir)
     long_msgs = long_messages(lambda m: engine.render(m, None), args.context)
-    out: dict = {"decode": engine.decode_path,
+    out: dict = {"decode": engine.decode_path, "code": clawrl.__file__,
                  "dtype": str(engine.dtype).removeprefix("torch."),
                  "threads": engine.cfg.engine.threads or os.cpu_count()}
     for live in ("base", "adapter"):
@@ -127,23 +130,46 @@ async def child(args) -> dict:
     return out
 
 
+def export_daemon(rev: str, scratch: Path) -> Path:
+    """The daemon's code at git revision `rev`, written under `scratch`: the folder to put first
+    on a child's PYTHONPATH."""
+    repo = Path(__file__).resolve().parent.parent
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise SystemExit(f"--paths: {rev!r} is not a git revision of this repository")
+    tree = scratch / f"rev-{commit.stdout.strip()[:12]}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "daemon"],
+                             capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree / "daemon"
+
+
 def run(args) -> dict:
     """Each (repetition, path) in a child process of its own, interleaved: engines in one process
     would each keep an OpenMP pool and slow one another (engines/embedded.py, load)."""
     paths = args.paths.split(",")
-    adapter = Path(tempfile.mkdtemp(prefix="clawrl-decode-")) / "v1"
+    scratch = Path(tempfile.mkdtemp(prefix="clawrl-decode-"))
+    adapter = scratch / "v1"
+    trees = {p: export_daemon(p.partition("@")[2], scratch) for p in paths if "@" in p}
     runs: dict = {p: [] for p in paths}
     for rep in range(args.reps):
         for p in paths:
             say(f"rep {rep + 1}/{args.reps}: decode_weights = {p}")
-            cmd = [sys.executable, __file__, "--child", p, "--adapter", str(adapter),
+            cmd = [sys.executable, __file__, "--child", p.partition("@")[0], "--adapter", str(adapter),
                    "--tokens", str(args.tokens), "--context", str(args.context),
                    "--home", args.home] + (["--no-long"] if args.no_long else [])
             env = {**os.environ, **dict(kv.split("=", 1) for kv in args.child_env)}
+            if p in trees:
+                env["PYTHONPATH"] = os.pathsep.join([str(trees[p]), *filter(None, [env.get("PYTHONPATH")])])
             done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 raise RuntimeError(f"{p} child failed:\n{done.stderr[-3000:]}")
             runs[p].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            code = Path(runs[p][-1].pop("code"))
+            if p in trees and not code.is_relative_to(trees[p]):
+                raise RuntimeError(f"{p}: the child imported {code}, not the revision's code")
     first = runs[paths[0]][0]
     out: dict = {"paths": {}, "meta": {
         "threads": first["threads"], "cpus": os.cpu_count(), "reps": args.reps,
@@ -164,10 +190,12 @@ def run(args) -> dict:
         merged = [r["merged_s"] for r in runs[p] if "merged_s" in r]
         row["merged_s"] = statistics.median(merged) if merged else None
         out["paths"][p] = row
-    base = out["paths"].get("general")
+    baseline = next((p for p in paths if "@" in p), "general")
+    base = out["paths"].get(baseline)
+    out["meta"]["baseline"] = baseline if base else None
     if base:
         for p, row in out["paths"].items():
-            row["vs_general"] = {live: {k: row[live][k] / base[live][k] for k in row[live]
+            row["vs_baseline"] = {live: {k: row[live][k] / base[live][k] for k in row[live]
                                         if k.endswith("tok_s") and base[live][k]}
                                  for live in ("base", "adapter")}
     out["runs"] = runs
@@ -231,12 +259,14 @@ def print_table(res: dict) -> None:
     m = res["meta"]
     print(f"\ndecode paths, {m['threads']} threads, model dtype {m['dtype']}, {m['tokens']} tokens, "
           f"median of {m['reps']}; long prompt {m['context']} tokens")
-    print(f"{'path':<10} {'live':<8} {'short tok/s':>11} {'long tok/s':>10} {'cold prefill s':>14} "
-          f"{'cached TTFT s':>13} {'swap ms':>8} {'short vs general':>16} {'long vs general':>15}")
+    width = max(10, *(len(p) + 1 for p in res["paths"]))
+    print(f"{'path':<{width}} {'live':<8} {'short tok/s':>11} {'long tok/s':>10} {'cold prefill s':>14} "
+          f"{'cached TTFT s':>13} {'swap ms':>8} {'short ratio':>16} {'long ratio':>15}"
+          f"   (ratios against {m.get('baseline') or 'none'})")
     for p, row in res["paths"].items():
         for live in ("base", "adapter"):
-            r, v = row[live], row.get("vs_general", {}).get(live, {})
-            print(f"{p:<10} {live:<8} {r['short_tok_s']:>11.1f} {r.get('long_tok_s', float('nan')):>10.1f} "
+            r, v = row[live], row.get("vs_baseline", {}).get(live, {})
+            print(f"{p:<{width}} {live:<8} {r['short_tok_s']:>11.1f} {r.get('long_tok_s', float('nan')):>10.1f} "
                   f"{r.get('cold_prefill_s', float('nan')):>14.2f} {r.get('cached_ttft_s', float('nan')):>13.3f} "
                   f"{row['swap_ms'] if live == 'adapter' else float('nan'):>8.0f} "
                   f"{v.get('short_tok_s', float('nan')):>15.2f}x {v.get('long_tok_s', float('nan')):>14.2f}x")

@@ -12,15 +12,18 @@ version's weights are never copied.
 
 Prefill stays on transformers: it is bound by arithmetic, not by bytes, and is already fast. The
 KV caches are transformers' own (`DynamicCache`), so prefix reuse, copying and batching work on
-them as before. What is exact: in float32 weights, a step computes what transformers computes,
-up to the order of float additions (tests/test_engine.py checks greedy tokens and logprobs
-against the general path). With int8 weights the logprobs are those of the int8 model; the
-trainer recomputes its own and corrects for the difference (truncated importance sampling).
+them as before; a step writes its new position in place into spare room at the end of them
+(`_Room`) rather than copying them whole, as transformers' own update does. What is exact: in
+float32 weights, a step computes what transformers computes, up to the order of float additions
+(tests/test_engine.py checks greedy tokens and logprobs against the general path). With int8
+weights the logprobs are those of the int8 model; the trainer recomputes its own and corrects
+for the difference (truncated importance sampling).
 """
 from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -226,6 +229,57 @@ class _Lora:
         return y + (x @ a.T) @ b.T
 
 
+class _Room:
+    """Spare room at the end of each layer's keys and values, so a decode step writes its one new
+    position in place instead of copying the whole cache (transformers' `DynamicLayer.update`
+    concatenates: at 13k tokens that copy was a quarter of a step).
+
+    The layer still holds a plain tensor of its exact length (a view of the first `n` positions
+    of a longer buffer), so everything else that reads or replaces it (prefill, crop, batching,
+    copies of the prefix pool) works as before. Room is used only while the layer holds exactly
+    the view this step handed out last; anything else (a crop, a new tensor from prefill or from
+    a batch, another kind of layer) takes transformers' own update, and the next step makes new
+    room. A write past the view's end never touches positions any other view can see: those
+    views end at or before it."""
+
+    def __init__(self):
+        # layer -> (keys buffer, values buffer, length of the view handed out)
+        self._rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _spare(n: int) -> int:
+        return max(256, n // 8)
+
+    def append(self, cache, i: int, k: torch.Tensor, v: torch.Tensor):
+        from transformers.cache_utils import DynamicLayer
+
+        layer = cache.layers[i] if getattr(cache, "layers", None) else None
+        if type(layer) is not DynamicLayer or not layer.is_initialized or not layer.keys.numel() \
+                or layer.keys.dtype != k.dtype or layer.keys.shape[0] != k.shape[0]:
+            return cache.update(k, v, i)
+        keys, values = layer.keys, layer.values
+        n = keys.shape[-2]
+        room = self._rooms.get(layer)
+        if room is not None:
+            kbuf, vbuf, handed = room
+            ours = (n == handed < kbuf.shape[-2] and keys.data_ptr() == kbuf.data_ptr()
+                    and values.data_ptr() == vbuf.data_ptr()
+                    and keys.stride() == kbuf.stride() and values.stride() == vbuf.stride())
+            if not ours:
+                room = None
+        if room is None:
+            rows, heads, _, dim = keys.shape
+            kbuf = keys.new_empty(rows, heads, n + 1 + self._spare(n), dim)
+            vbuf = values.new_empty(rows, values.shape[1], n + 1 + self._spare(n), values.shape[-1])
+            kbuf[:, :, :n].copy_(keys)
+            vbuf[:, :, :n].copy_(values)
+        kbuf[:, :, n:n + 1].copy_(k)
+        vbuf[:, :, n:n + 1].copy_(v)
+        layer.keys, layer.values = kbuf[:, :, :n + 1], vbuf[:, :, :n + 1]
+        self._rooms[layer] = (kbuf, vbuf, n + 1)
+        return layer.keys, layer.values
+
+
 class FastDecoder:
     """The decode step over `model`'s own weights, packed once (see the module docstring).
 
@@ -256,6 +310,7 @@ class FastDecoder:
         self._lock = threading.Lock()     # adapters come and go on the worker, merges land from theirs
         self._head_lora: dict[str, tuple | None] = {}
         self._merged: dict[str, tuple[list[_Layer], _Matrix]] = {}
+        self._room = _Room()              # in-place appends to the KV cache
 
     # -- adapters ---------------------------------------------------------------------------------
     def add_adapter(self, peft_model, name: str) -> None:
@@ -352,7 +407,7 @@ class FastDecoder:
             q = self._rotate(q.view(rows, h, 1, hd), cos, sin)
             k = self._rotate(k.view(rows, kvh, 1, hd), cos, sin)
             v = v.view(rows, kvh, 1, hd)
-            keys, values = cache.update(k.to(kv_dtype), v.to(kv_dtype), i)
+            keys, values = self._room.append(cache, i, k.to(kv_dtype), v.to(kv_dtype))
             att = self._attend(q.to(keys.dtype), keys, values, starts).float().reshape(rows, h * hd)
             out = layer.o(att)
             if ad:
