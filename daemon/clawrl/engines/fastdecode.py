@@ -356,19 +356,22 @@ class FastDecoder:
 
     # -- the step -----------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        # by hand: torch's fused rms_norm takes twice as long on a CPU for one row (2 against 1 ms
+        # of a 135M model's step)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)))
 
     def _rope(self, positions: torch.Tensor):
+        """cos and sin for `_rotate`; sin's first half negated, which folds rotate_half's sign in."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale)[:, None, None, :], \
-            (emb.sin() * self.rope_scale)[:, None, None, :]
+        cos, sin = freqs.cos() * self.rope_scale, freqs.sin() * self.rope_scale
+        return torch.cat([cos, cos], dim=-1)[:, None, None, :], \
+            torch.cat([-sin, sin], dim=-1)[:, None, None, :]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """RoPE as transformers applies it, x·cos + rotate_half(x)·sin, in three operations:
+        rotate_half(x) is x rolled by half its width with the first half negated (in `sin`)."""
+        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
     def _attend(self, q, keys, values, starts):
         gqa = self.kv_heads != self.heads
@@ -403,10 +406,10 @@ class FastDecoder:
             qkv = layer.qkv(y)
             if ad:
                 qkv = _Lora.apply(qkv, y, ad.qkv)
-            q, k, v = qkv.split([h * hd, kvh * hd, kvh * hd], dim=-1)
-            q = self._rotate(q.view(rows, h, 1, hd), cos, sin)
-            k = self._rotate(k.view(rows, kvh, 1, hd), cos, sin)
-            v = v.view(rows, kvh, 1, hd)
+            # q and k rotated in one pass: both are heads of hd at the same positions
+            qk = self._rotate(qkv[:, :(h + kvh) * hd].view(rows, h + kvh, 1, hd), cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, (h + kvh) * hd:].view(rows, kvh, 1, hd)
             keys, values = self._room.append(cache, i, k.to(kv_dtype), v.to(kv_dtype))
             att = self._attend(q.to(keys.dtype), keys, values, starts).float().reshape(rows, h * hd)
             out = layer.o(att)
