@@ -140,7 +140,9 @@ def export_daemon(rev: str, scratch: Path) -> Path:
         raise SystemExit(f"--paths: {rev!r} is not a git revision of this repository")
     tree = scratch / f"rev-{commit.stdout.strip()[:12]}"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "daemon"],
+    # the daemon finds its recipes (and skills) beside it, as in a checkout
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "daemon",
+                              "recipes", "skill_bridge"],
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     return tree / "daemon"

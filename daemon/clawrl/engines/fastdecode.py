@@ -374,12 +374,27 @@ class FastDecoder:
         return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
     def _attend(self, q, keys, values, starts):
-        gqa = self.kv_heads != self.heads
+        """Each row's one new position attending over its keys; rows with left padding (`starts`)
+        one at a time over their own keys, exactly as alone, so a stream's tokens never depend on
+        the batch."""
         if starts is None:
-            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
-        return torch.cat([F.scaled_dot_product_attention(q[r:r + 1], keys[r:r + 1, :, s:],
-                                                         values[r:r + 1, :, s:], enable_gqa=gqa)
+            return self._attend_one(q, keys, values)
+        return torch.cat([self._attend_one(q[r:r + 1], keys[r:r + 1, :, s:], values[r:r + 1, :, s:])
                           for r, s in enumerate(starts)])
+
+    def _attend_one(self, q, keys, values):
+        """Attention for one query position, in float32 whatever the cache holds: each key/value
+        head's group of query heads as one [group, head_dim] x [head_dim, length] product, the
+        softmax over it, then the values. On a CPU this is what SDPA computes, faster at batch 1:
+        SDPA's kernels are built for query blocks, and in bfloat16 over a 13k-token cache it took
+        7.5 ms a layer where this takes 1.2 (0.12 against 0.04 ms over 200 tokens; one layer of
+        SmolLM2-135M on a 2-core Zen 4 EPYC). The cache's bfloat16 is widened on the way, so the
+        scores and probabilities are float32 (SDPA's bfloat16 rounds its output to bfloat16)."""
+        rows, group = q.shape[0], self.heads // self.kv_heads
+        grouped = q.float().reshape(rows, self.kv_heads, group, self.head_dim) * self.head_dim ** -0.5
+        scores = torch.matmul(grouped, keys.float().transpose(-1, -2))
+        out = torch.matmul(scores.softmax(-1), values.float())
+        return out.reshape(rows, self.heads, 1, self.head_dim)
 
     @torch.inference_mode()
     def step(self, tokens: list[int], positions: list[int] | torch.Tensor, cache,
@@ -411,7 +426,7 @@ class FastDecoder:
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, (h + kvh) * hd:].view(rows, kvh, 1, hd)
             keys, values = self._room.append(cache, i, k.to(kv_dtype), v.to(kv_dtype))
-            att = self._attend(q.to(keys.dtype), keys, values, starts).float().reshape(rows, h * hd)
+            att = self._attend(q, keys, values, starts).reshape(rows, h * hd)
             out = layer.o(att)
             if ad:
                 out = _Lora.apply(out, att, ad.o)
