@@ -254,10 +254,10 @@ class _Room:
         from transformers.cache_utils import DynamicLayer
 
         layer = cache.layers[i] if getattr(cache, "layers", None) else None
-        if type(layer) is not DynamicLayer or not layer.is_initialized or not layer.keys.numel() \
-                or layer.keys.dtype != k.dtype or layer.keys.shape[0] != k.shape[0]:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if type(layer) is not DynamicLayer or not layer.is_initialized or keys is None or values is None \
+                or not keys.numel() or keys.dtype != k.dtype or keys.shape[0] != k.shape[0]:
             return cache.update(k, v, i)
-        keys, values = layer.keys, layer.values
         n = keys.shape[-2]
         room = self._rooms.get(layer)
         if room is not None:
