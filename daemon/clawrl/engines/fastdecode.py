@@ -243,6 +243,9 @@ class _Room:
     views end at or before it."""
 
     def __init__(self):
+        from transformers.cache_utils import DynamicLayer
+
+        self._kind = DynamicLayer          # the one kind of layer whose update is a concatenation
         # layer -> (keys buffer, values buffer, length of the view handed out)
         self._rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -251,11 +254,9 @@ class _Room:
         return max(256, n // 8)
 
     def append(self, cache, i: int, k: torch.Tensor, v: torch.Tensor):
-        from transformers.cache_utils import DynamicLayer
-
         layer = cache.layers[i] if getattr(cache, "layers", None) else None
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if type(layer) is not DynamicLayer or not layer.is_initialized or keys is None or values is None \
+        if type(layer) is not self._kind or not layer.is_initialized or keys is None or values is None \
                 or not keys.numel() or keys.dtype != k.dtype or keys.shape[0] != k.shape[0]:
             return cache.update(k, v, i)
         n = keys.shape[-2]
