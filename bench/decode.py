@@ -134,15 +134,15 @@ def export_daemon(rev: str, scratch: Path) -> Path:
     """The daemon's code at git revision `rev`, written under `scratch`: the folder to put first
     on a child's PYTHONPATH."""
     repo = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True)
-    if commit.returncode != 0:
+    found = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
         raise SystemExit(f"--paths: {rev!r} is not a git revision of this repository")
-    tree = scratch / f"rev-{commit.stdout.strip()[:12]}"
+    commit = found.stdout.strip()
+    tree = scratch / f"rev-{commit[:12]}"
     tree.mkdir()
     # the daemon finds its recipes (and skills) beside it, as in a checkout
-    archive = subprocess.run(["git", "-C", str(repo), "archive", commit.stdout.strip(), "daemon",
-                              "recipes", "skill_bridge"],
+    archive = subprocess.run(["git", "-C", str(repo), "archive", commit, "daemon", "recipes", "skill_bridge"],
                              capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     return tree / "daemon"

@@ -407,8 +407,7 @@ class FastDecoder:
         h, kvh, hd = self.heads, self.kv_heads, self.head_dim
         x = self.embed[torch.tensor(tokens)].float()
         cos, sin = self._rope(torch.as_tensor(positions).reshape(rows))
-        # where each row's keys begin (left padding ends): rows attend one at a time over their
-        # own keys, exactly as alone, so a stream's tokens never depend on the batch
+        # where each row's keys begin (left padding ends; `_attend`)
         starts = None if mask is None else (mask.shape[1] - mask.sum(dim=1)).tolist()
         merged = self._merged.get(adapter) if adapter else None
         lora = self._lora.get(adapter) if adapter and not merged else None
