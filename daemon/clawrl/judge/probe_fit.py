@@ -271,7 +271,10 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
 
 def head_for(cfg, rebuild: bool = False, progress=None,
              cancel: threading.Event | None = None, nice: int = 0) -> tuple[Head, Reader]:
-    """The head for a recipe: its base model (converted if needed) and `judge.probe_data`."""
+    """The head for a recipe: its base model (converted if needed) and `judge.probe_data`. The
+    base model as provisioned, not its long-context variant (models.model_dir): the probe reads
+    exchanges of at most probe.MAX_TOKENS, well inside the native window, so its head stays the
+    one fitted for these weights whatever window the recipe serves."""
     from ..models import provision
     model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
     return ensure_head(model_dir, cfg.models_dir, cfg.judge.probe_data or None, rebuild=rebuild,

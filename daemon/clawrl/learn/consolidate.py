@@ -252,7 +252,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         f"turns {window[0].id}..{last_id}) into a fresh adapter with TRL {c.method.upper()}")
     staging = root / f".tmp-consolidate-{os.getpid()}"
     from .. import models
-    model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    model_path = models.model_dir(cfg)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     import gc

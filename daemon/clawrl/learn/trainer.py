@@ -94,7 +94,7 @@ class Trainer:
             self.autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
         # sglang / vllm: the frozen base model on the serving server scores the hinted context.
         self.remote_teacher = remote_teacher(cfg)
-        self.model_path = models.provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+        self.model_path = models.model_dir(cfg)
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.load(adapters.newest_good(self.root))
