@@ -70,6 +70,40 @@ def answers_after(model, tok, material: list[int], tokens: int) -> list[str]:
     return out
 
 
+def short_questions(n: int) -> list[str]:
+    """`n` short questions people asked, from the feedback corpus's dev split, in a fixed order."""
+    import json
+    import random
+    seen: list[str] = []
+    for line in (REPO / "recipes" / "feedback" / "dev.jsonl").read_text().splitlines():
+        context = json.loads(line).get("context") or []
+        q = next((m["content"] for m in context if m["role"] == "user"), None)
+        if q and 15 < len(q) < 200 and q not in seen:
+            seen.append(q)
+    random.Random(0).shuffle(seen)
+    return seen[:n]
+
+
+@torch.inference_mode()
+def short_range(own, served, tok, questions: list[str], tokens: int = 32, agree: int = 16) -> dict:
+    """How far the served model moves from the model's own on short prompts: the mean logprob it
+    gives the own model's greedy answers (teacher-forced; the own model's own figure beside it),
+    and on how many answers the first `agree` tokens' argmax is the same."""
+    lp_own, lp_served, same = [], [], 0
+    for q in questions:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        answer = own.generate(ids, max_new_tokens=tokens, do_sample=False)[0, ids.shape[1]:]
+        full = torch.cat([ids[0], answer])[None]
+        for model, into in ((own, lp_own), (served, lp_served)):
+            lp = model(full).logits[0, ids.shape[1] - 1:-1].float().log_softmax(-1)
+            into.append(lp.gather(-1, answer[:, None]).mean().item())
+        same += int(torch.equal(lp.argmax(-1)[:agree], answer[:agree]))
+    return {"questions": len(questions), "own_mean_logprob": round(sum(lp_own) / len(questions), 4),
+            "served_mean_logprob": round(sum(lp_served) / len(questions), 4),
+            f"first_{agree}_argmax_agree": same}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +118,11 @@ def main(argv=None) -> int:
                         "window of --context-length (models.long_context: YaRN past the native one)")
     p.add_argument("--context-length", type=int, default=32768,
                    help="the recipe's model.context_length, for --rope served (default 32768)")
+    p.add_argument("--attention-factor", type=float,
+                   help="--rope served: override YaRN's attention temperature (1 = none), to compare")
+    p.add_argument("--short", type=int, default=0, metavar="N",
+                   help="also compare the read model with the model's own on N short questions "
+                        "(teacher-forced on the own model's greedy answers; default: don't)")
     p.add_argument("--ask", type=int, default=0, metavar="N",
                    help="also ask three questions after N tokens of this repository's docs and "
                         "print the greedy answers (default: don't)")
@@ -98,6 +137,16 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as variants:
         folder = (long_context(Path(args.model), args.context_length, Path(variants))
                   if args.rope == "served" else Path(args.model))
+        if args.attention_factor is not None:
+            if folder == Path(args.model):
+                p.error("--attention-factor needs --rope served and a --context-length past the "
+                        "model's native window")
+            import json
+            cfg = json.loads((folder / "config.json").read_text())
+            for key in ("rope_parameters", "rope_scaling"):
+                cfg[key]["attention_factor"] = args.attention_factor
+            (folder / "config.json").unlink()
+            (folder / "config.json").write_text(json.dumps(cfg))
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(args.model)
     passage = tok((REPO / "README.md").read_text())["input_ids"][:args.passage]
@@ -113,6 +162,11 @@ def main(argv=None) -> int:
                      "loss": round(loss, 4), "seconds": round(time.time() - t0, 1)})
         print(f"passage at {n:>6}-{n + len(passage):<6} loss {loss:.3f}  ({rows[-1]['seconds']} s)",
               file=sys.stderr, flush=True)
+    short = None
+    if args.short:
+        own = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+        short = short_range(own, model, tok, short_questions(args.short))
+        print(f"short range: {short}", file=sys.stderr, flush=True)
     asked = None
     if args.ask:
         docs = "\n\n".join(f.read_text() for f in sorted(REPO.glob("*.md"))
@@ -124,7 +178,8 @@ def main(argv=None) -> int:
             print(f"after {len(material)} tokens: {q!r} -> {a!r}", file=sys.stderr, flush=True)
     emit({"model": Path(args.model).name, "rope": args.rope, "context_length": args.context_length,
           "passage_tokens": len(passage),
-          "rope_parameters": model.config.rope_parameters, "rows": rows, "asked": asked}, args.out)
+          "rope_parameters": model.config.rope_parameters, "rows": rows, "short_range": short,
+          "asked": asked}, args.out)
     return 0
 
 

@@ -47,6 +47,9 @@ class Compute:
         cfg.home = Path(tempfile.mkdtemp(prefix="clawrl-double-"))
         cfg.model.source = model_path
         cfg.model.context_length = context_length
+        # A server reads the model folder it is given as it is (its config.json says the RoPE: the
+        # long-context variant clawrl hands a server it launches carries YaRN in it).
+        cfg.model.rope_scaling = "none"
         cfg.engine.dtype = "float32"       # served logprobs then match a fresh forward pass
         cfg.engine.decode_weights = "float32"   # (int8 decode would be ~0.07 off)
         cfg.engine.threads = 1

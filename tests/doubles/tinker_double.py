@@ -132,6 +132,7 @@ class Backend:
                 cfg = Config()
                 cfg.home = Path(tempfile.mkdtemp(prefix="tinker-double-"))
                 cfg.model.source = str(self.model_dir)
+                cfg.model.rope_scaling = "none"     # Tinker samples its model as it is
                 cfg.engine.dtype = "float32"    # served logprobs then match a fresh forward pass
                 cfg.engine.decode_weights = "float32"   # (int8 decode would be ~0.07 off)
                 cfg.engine.threads = 1
