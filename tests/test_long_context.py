@@ -59,6 +59,11 @@ def test_a_users_own_model_gets_a_variant_named_for_its_path(tiny, tmp_path):
     out = models.long_context(tiny, 2 * NATIVE, tmp_path / "models")
     assert out.parent == tmp_path / "models" and out.name.startswith("tiny-yarn2-")
     assert (out / "model.safetensors").resolve() == (tiny / "model.safetensors").resolve()
+    # A variant whose links no longer lead anywhere (its source moved) is made again.
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    assert models.long_context(tiny, 2 * NATIVE, tmp_path / "models") == out
+    assert (out / "model.safetensors").resolve() == (tiny / "model.safetensors").resolve()
 
 
 def test_the_recipe_picks_the_variant_unless_told_none(tiny, tmp_path):

@@ -149,7 +149,9 @@ def long_context(path: Path, context_length: int, models_dir: Path) -> Path:
         name += "-" + hashlib.sha256(str(source).encode()).hexdigest()[:8]
     out = models_dir / name
     if (out / "config.json").exists():
-        return out
+        if all(f.exists() for f in out.iterdir()):
+            return out
+        shutil.rmtree(out, ignore_errors=True)    # links left dangling (the source moved): redo
     native = config["max_position_embeddings"]
     rope = {**(config.get("rope_parameters") or {}), "rope_type": "yarn", "factor": factor,
             "original_max_position_embeddings": native}
