@@ -55,6 +55,17 @@ def test_the_variant_links_the_weights_and_carries_yarn_in_its_config(tiny):
     assert not [p for p in tiny.parent.iterdir() if p.name.startswith(".")]   # no leftovers
 
 
+def test_an_older_config_keeps_its_rope_theta(tmp_path):
+    src = tmp_path / "models" / "old"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text(json.dumps({"max_position_embeddings": 4096,
+                                                 "rope_theta": 500000.0}))
+    out = models.long_context(src, 8192, tmp_path / "models")
+    rope = json.loads((out / "config.json").read_text())["rope_parameters"]
+    assert rope == {"rope_theta": 500000.0, "rope_type": "yarn", "factor": 2.0,
+                    "original_max_position_embeddings": 4096}
+
+
 def test_a_users_own_model_gets_a_variant_named_for_its_path(tiny, tmp_path):
     out = models.long_context(tiny, 2 * NATIVE, tmp_path / "models")
     assert out.parent == tmp_path / "models" and out.name.startswith("tiny-yarn2-")

@@ -12,7 +12,8 @@ config.json adds YaRN scaling of the rotary positions by the window's ratio to t
 SmolLM2-135M, trained on 8,192 positions, loses the thread past about 10k tokens with its own RoPE
 (a passage's loss rises from 4.2 to 7.0 nats at 12k and 9.4 at 16k; bench/long_context.py) and
 answers OpenClaw's 13k-token prompts with rows of symbols; with YaRN x4 it reads them (4.3 nats at
-12-16k) for a small cost at short range (4.30 to 4.40 nats). YaRN is static: a position's
+12-16k) at a cost on short prompts, whose answers it moves (4.30 to 4.40 nats at 0-2k; concise's
+untrained score 0.51 to 0.40; bench/RESULTS-serve.md). YaRN is static: a position's
 rotation never depends on the length of the text, so prefix reuse, recorded logprobs and the
 trainer's recomputation agree. Every part that serves or trains loads this same folder.
 """
@@ -153,8 +154,11 @@ def long_context(path: Path, context_length: int, models_dir: Path) -> Path:
             return out
         shutil.rmtree(out, ignore_errors=True)    # links left dangling (the source moved): redo
     native = config["max_position_embeddings"]
-    rope = {**(config.get("rope_parameters") or {}), "rope_type": "yarn", "factor": factor,
+    own = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = {"rope_theta": config["rope_theta"]} if "rope_theta" in config else {}
+    rope = {**theta, **own, "rope_type": "yarn", "factor": factor,
             "original_max_position_embeddings": native}
+    rope.pop("type", None)
     # Both spellings: transformers 5 reads rope_parameters, older readers (a GPU server's own
     # transformers) read rope_scaling.
     config.update(rope_parameters=rope, rope_scaling={**rope, "type": "yarn"},
