@@ -123,7 +123,7 @@ def provision(source: str, models_dir: Path, cache_dir: Path) -> Path:
 
 # RoPE types whose rotation of a position is fixed: YaRN can scale only these (a 'dynamic' or
 # 'longrope' model already stretches itself with the length of the text).
-STATIC_ROPE = ("default",)
+SCALABLE_ROPE = ("default",)
 
 
 def yarn_factor(config: dict, context_length: int) -> float | None:
@@ -132,7 +132,7 @@ def yarn_factor(config: dict, context_length: int) -> float | None:
     native = config.get("max_position_embeddings")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if not native or context_length <= native or kind not in STATIC_ROPE:
+    if not native or context_length <= native or kind not in SCALABLE_ROPE:
         return None
     return context_length / native
 
