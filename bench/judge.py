@@ -3,9 +3,10 @@
 1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
    light load) by the rules judge and by the probe; median and 95th percentile per judgment, on
    the machine's threads and on the one thread the daemon gives the probe.
-   Beside it, the base model's reading alone, this path (the layers' matrix products in
-   bfloat16 where the CPU multiplies it natively) against the previous one (float32 products)
-   on the same lines, as a ratio, with the cosine between their feature rows.
+   Beside it, the base model's reading alone, this path (packed layers, the matrix products in
+   bfloat16 where the CPU multiplies it natively) against the previous one (transformers'
+   forward, the same products) and the one before it (float32 products) on the same lines, as
+   ratios, with the cosine between their feature rows.
 2. Serving: a real `clawrl serve` per judge (the converted model shared). A streamed 160-token
    answer is timed while another client keeps sending short sessions whose replies the judge must
    read (each asks for one token, so what the daemon does for them is mostly judging). The decode
@@ -53,27 +54,36 @@ def latency(judge_one, lines: list) -> dict:
 
 
 def reading_paths(reader, lines: list) -> dict:
-    """Milliseconds of the base model's reading per line: this path (the layers' products in
-    bfloat16 where the CPU has it) against the previous one (float32 products), interleaved on
+    """Milliseconds of the base model's reading per line: this path (packed layers, the products
+    in bfloat16 where the CPU has it) against the previous one (transformers' forward with the
+    same products) and the one before (transformers' forward, float32 products), interleaved on
     the same lines, and how close their feature rows are (cosine)."""
     import torch
     exchanges = [probe.exchange(e.question, e.answer, e.text) for e in lines]
-    previous = probe.Reader(reader.model_dir, products=torch.float32)
+    previous = probe.Reader(reader.model_dir, products=reader.products, packed=False)
+    before = probe.Reader(reader.model_dir, products=torch.float32, packed=False)
+    readers = (reader, previous, before)
     for m in exchanges[:3]:                     # warm up
-        reader.read_one(m), previous.read_one(m)
-    times: dict = {reader: [], previous: []}
-    cosines = []
-    for m in exchanges:                         # interleaved, so a drift of the machine hits both
-        rows = []
+        for r in readers:
+            r.read_one(m)
+    times: dict = {r: [] for r in readers}
+    cosines: dict = {previous: [], before: []}
+    for m in exchanges:                         # interleaved, so a drift of the machine hits all
+        rows = {}
         for r, seen in times.items():
             t0 = time.perf_counter()
-            rows.append(r.read_one(m))
+            rows[r] = r.read_one(m)
             seen.append(1000 * (time.perf_counter() - t0))
-        cosines.append(torch.nn.functional.cosine_similarity(*rows, dim=0).item())
-    now, before = (statistics.median(t) for t in times.values())
-    return {"this_path": reader.precision, "previous_path": previous.precision,
-            "this_path_p50_ms": now, "previous_path_p50_ms": before, "speedup": before / now,
-            "feature_cosine_min": min(cosines), "n": len(exchanges)}
+        for r, cos in cosines.items():
+            cos.append(torch.nn.functional.cosine_similarity(rows[reader], rows[r], dim=0).item())
+    now, then, first = (statistics.median(times[r]) for r in readers)
+    return {"this_path": f"packed layers, {reader.precision}",
+            "previous_path": f"transformers, {previous.precision}",
+            "float32_path": f"transformers, {before.precision}",
+            "this_path_p50_ms": now, "previous_path_p50_ms": then, "float32_path_p50_ms": first,
+            "speedup": then / now, "speedup_over_float32": first / now,
+            "feature_cosine_min": min(cosines[previous]),
+            "feature_cosine_min_float32": min(cosines[before]), "n": len(exchanges)}
 
 
 def decode_rate(url: str) -> float:
@@ -143,7 +153,8 @@ def main() -> int:
           f"p95 {result['latency']['probe']['p95_ms']:.0f} ms", file=sys.stderr)
     result["reading"] = reading_paths(reader, lines)
     print(f"reading: {result['reading']['this_path_p50_ms']:.0f} ms against "
-          f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path", file=sys.stderr)
+          f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path and "
+          f"{result['reading']['float32_path_p50_ms']:.0f} ms in float32", file=sys.stderr)
     # The daemon reads on one thread beside the engine (judge/loop.py): the same lines so.
     one = probe.ProbeJudge(head, reader, threads=1)
     result["latency"]["probe_one_thread"] = latency(one.judge_sync, lines)

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from clawrl.engines.fastdecode import _Matrix, int8_available, int8_pairs_overflow, int8_scales
+from clawrl.engines.packed import Matrix, int8_available, int8_pairs_overflow, int8_scales
 
 pytestmark = pytest.mark.skipif(not int8_available(), reason="int8 products need fbgemm (an x86 CPU)")
 
@@ -17,7 +17,7 @@ def test_products_whose_pairs_overflow_16_bits_are_computed_right():
     # At 8 bits every pair of products would be 255 x 127 (x at its range's top, w at its row's
     # largest): their sum, 64770, does not fit 16 bits, and saturated the result is about half.
     w, x = torch.ones(8, 256), torch.ones(1, 256)
-    got = _Matrix(w, None, "int8")(x)
+    got = Matrix(w, None, "int8")(x)
     assert torch.allclose(got, x @ w.T, rtol=0.01), got[0, :3]
 
 
@@ -26,7 +26,7 @@ def test_same_signed_activations_and_weights_stay_within_quantization_error():
     g = torch.Generator().manual_seed(0)
     w = torch.rand(64, 512, generator=g) * 0.5 + 0.5
     x = torch.rand(3, 512, generator=g) * 4
-    got, want = _Matrix(w, None, "int8")(x), x @ w.T
+    got, want = Matrix(w, None, "int8")(x), x @ w.T
     assert float(((got - want).norm() / want.norm())) < 0.01
 
 

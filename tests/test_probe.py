@@ -48,11 +48,15 @@ def test_the_head_is_stored_by_model_hash_with_its_dev_numbers(fitted, model_dir
 
 def test_the_template_head_is_read_once_and_changes_no_reading(model_dir):
     """The chat template's fixed head (the system prompt) comes from a cache computed once; a
-    reading through it equals reading the whole exchange, and the assistant's generation prompt
-    after it, from scratch: the reply's own tokens read as they do without the prompt. (In
-    float32 products, where equal means equal; bfloat16's are checked against these below.)"""
+    reading through it equals transformers' forward over the whole exchange, and the assistant's
+    generation prompt after it, from scratch: the reply's own tokens read as they do without the
+    prompt. Both readers are checked: packed layers (the default for SmolLM2) and transformers'
+    own forward (other model families). In float32 products, where equal means equal; bfloat16's
+    are checked against these below."""
     import torch
     r = probe.Reader(model_dir, products=torch.float32)
+    general = probe.Reader(model_dir, products=torch.float32, packed=False)
+    assert r.packed is not None and r.model is None and general.packed is None
     m = probe.exchange("What is 7 times 8?", "7 times 8 is 54.", "no, it's 56")
     ids, n, prompt, cached = r._ids(m)
     plain, whole = r._render(m), r._render(m, prompt=True)
@@ -60,38 +64,46 @@ def test_the_template_head_is_read_once_and_changes_no_reading(model_dir):
     assert prompt == len(whole) - len(plain) > 0 and whole[:len(plain)] == plain
     averaged = r.tokenizer.decode(plain[len(plain) - n:])   # the reply's turn, nothing before it
     assert "no, it's 56" in averaged and "54" not in averaged
-    with torch.inference_mode():
-        hidden = r.model(input_ids=torch.tensor([whole]), output_hidden_states=True).hidden_states
-        alone = r.model(input_ids=torch.tensor([plain]), output_hidden_states=True).hidden_states
+    with torch.inference_mode():    # the decoder cut after the deepest layer read, no cache
+        hidden = general.model(input_ids=torch.tensor([whole]), output_hidden_states=True).hidden_states
+        alone = general.model(input_ids=torch.tensor([plain]), output_hidden_states=True).hidden_states
     for h in (hidden, alone):     # causal: the prompt after the reply changes nothing before it
         end = len(plain)
         parts = [h[layer][0, end - 1] for layer in r.last_at]
         parts += [h[layer][0, end - n:end].mean(0) for layer in r.mean_at]
         parts += [hidden[layer][0, -1] for layer in r.prompt_at]
-        assert torch.allclose(r.read_one(m), torch.cat(parts), atol=1e-4)
+        for reader in (r, general):
+            assert torch.allclose(reader.read_one(m), torch.cat(parts), atol=1e-4)
     # The stored head is never extended by a reading.
-    assert all(k.shape[-2] == len(r._head_ids) for k, _ in r._head_kv)
+    for reader in (r, general):
+        assert all(k.shape[-2] == len(r._head_ids) for k, _ in reader._head_kv)
 
 
 def test_bfloat16_products_read_what_float32_reads(fitted, model_dir):
     """Where the CPU multiplies bfloat16 natively, the layers' products run in it (float32 sums,
     float32 activations): each feature row stays within a cosine of 0.9999 of float32's, and the
-    head's probabilities within 0.03. A head is keyed by the reading's precision, so a head fitted
-    on one is not used by a reader of the other."""
+    head's probabilities within 0.03, through packed layers and through transformers' forward
+    alike. A head is keyed by the reading's precision, so a head fitted on one is not used by a
+    reader of the other."""
     import torch
     exact = probe.Reader(model_dir, products=torch.float32)
     fast = probe.Reader(model_dir, products=torch.bfloat16)
-    assert isinstance(fast.model.layers[0].mlp.down_proj, Products)
-    assert isinstance(exact.model.layers[0].mlp.down_proj, torch.nn.Linear)
-    assert fast.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
-    assert fast.precision != exact.precision and fitted.head.meta.dtype == fitted.reader.precision
+    general = probe.Reader(model_dir, products=torch.bfloat16, packed=False)
+    assert exact.packed is not None and fast.packed is not None
+    assert exact.packed.layers[0].down.weight.dtype == torch.float32
+    assert fast.packed.layers[0].down.weight.dtype == torch.bfloat16
+    assert isinstance(general.model.layers[0].mlp.down_proj, Products)
+    assert general.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert fast.precision == general.precision != exact.precision
+    assert fitted.head.meta.dtype == fitted.reader.precision
     lines = corpus.load("dev")[:8]
     rows = {r: torch.stack([r.read_one(probe.exchange(e.question, e.answer, e.text)) for e in lines])
-            for r in (exact, fast)}
-    cos = torch.nn.functional.cosine_similarity(rows[exact], rows[fast], dim=1)
-    assert cos.min() > 0.9999 and not rows[exact].equal(rows[fast])
-    diff = (fitted.head.probs(rows[exact]) - fitted.head.probs(rows[fast])).abs().max()
-    assert diff < 0.03, diff
+            for r in (exact, fast, general)}
+    for r in (fast, general):
+        cos = torch.nn.functional.cosine_similarity(rows[exact], rows[r], dim=1)
+        assert cos.min() > 0.9999 and not rows[exact].equal(rows[r])
+        diff = (fitted.head.probs(rows[exact]) - fitted.head.probs(rows[r])).abs().max()
+        assert diff < 0.03, diff
 
 
 def test_probe_beats_rules_on_the_held_out_test_split(fitted):
@@ -242,9 +254,9 @@ def test_a_feature_cache_of_another_reading_is_read_again(fitted, tmp_path):
     from safetensors.torch import save_file
     lines = corpus.load("dev")[:3]
     r = fitted.reader
-    width = len(r.layers) * r.model.config.hidden_size
+    width = r.width
     cache = tmp_path / "features.safetensors"
-    save_file({"x": torch.zeros((3, width - r.model.config.hidden_size))}, str(cache))
+    save_file({"x": torch.zeros((3, width - width // len(r.layers)))}, str(cache))
     x = probe_fit.corpus_features(r, lines, cache)
     assert tuple(x.shape) == (3, width) and x.abs().sum() > 0
     assert torch.allclose(x[0], r.read_one(probe.exchange(lines[0].question, lines[0].answer,

@@ -4,11 +4,11 @@ the per-token Python and operator overhead of a general model class taken out.
 At batch 1 a 135M model's decode is bound by two things on a CPU: the bytes of weights read per
 token, and the number of small operations run on them. transformers' forward spends about a
 third of a step outside its matrix products (masks, cache bookkeeping, hooks), and reads each
-projection separately. This step reads the model's own weights packed once at load: q, k and v
-as one matrix, gate and up as one, and (optionally) as int8 with a scale per output row, which
-reads a quarter of float32's bytes. LoRA adapters are applied unmerged, as PEFT computes them
-(base + B·A·x·scale), from the very tensors PEFT loaded, so a swap costs nothing here and a
-version's weights are never copied.
+projection separately. This step reads the model's own weights packed once at load
+(engines/packed.py): q, k and v as one matrix, gate and up as one, and (optionally) as int8 with a
+scale per output row, which reads a quarter of float32's bytes. LoRA adapters are applied
+unmerged, as PEFT computes them (base + B·A·x·scale), from the very tensors PEFT loaded, so a swap
+costs nothing here and a version's weights are never copied.
 
 Prefill stays on transformers: it is bound by arithmetic, not by bytes, and is already fast. The
 KV caches are transformers' own (`DynamicCache`), so prefix reuse, copying and batching work on
@@ -22,140 +22,17 @@ for the difference (truncated importance sampling).
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from .packed import (PARTS, STATIC_ROPE, Matrix, PackedLayer, base_of, int8_available, merged_weight,
+                     rms_norm, rope_tables, rotate, supported)
+
+__all__ = ["DECODE_WEIGHTS", "STATIC_ROPE", "FastDecoder", "int8_available", "supported"]
+
 DECODE_WEIGHTS = ("float32", "bfloat16", "int8")
-# RoPE types whose rotation is fixed per position, so that the step can take the model's own
-# inv_freq and attention scaling once (YaRN among them: models.long_context); a 'dynamic' type
-# recomputes them with the length of the text.
-STATIC_ROPE = ("default", "linear", "yarn", "llama3")
-
-
-def supported(model) -> str | None:
-    """Why this model cannot take the fast step (None when it can)."""
-    cfg = model.config
-    if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "mistral"):
-        return f"model type {getattr(cfg, 'model_type', '?')!r} has no fast decode step"
-    if getattr(cfg, "attention_bias", False) and cfg.model_type == "llama":
-        return "attention biases are not supported by the fast decode step"
-    if getattr(cfg, "mlp_bias", False):
-        return "MLP biases are not supported by the fast decode step"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"activation {cfg.hidden_act!r} is not supported by the fast decode step"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", "default") not in STATIC_ROPE:
-        return f"rope type {rope.get('rope_type')!r} is not supported by the fast decode step"
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
-        return "sliding-window attention is not supported by the fast decode step"
-    return None
-
-
-def int8_available() -> bool:
-    """Can this torch run int8 products on this CPU (fbgemm, x86 with AVX2 or better)?"""
-    return "fbgemm" in torch.backends.quantized.supported_engines
-
-
-def _int8_packed(w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-    """fbgemm's packed form of `w` quantized to int8 at one scale per output row."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # quantized tensors are marked deprecated
-        wq = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(wq, bias)
-
-
-_PAIRS_OVERFLOW: bool | None = None
-
-
-def int8_pairs_overflow() -> bool:
-    """Whether fbgemm's int8 kernel on this CPU sums pairs of products in 16 bits (and saturates).
-
-    fbgemm multiplies uint8 activations by int8 weights. Without VNNI (AVX2, and AVX512 before
-    Cascade Lake) it first adds the products of input channels 2j and 2j+1 into a 16-bit sum,
-    which saturates at ±32767: two products of 255 and 127 make 64770. Asked of the kernel itself,
-    once, with such a pair: CPU flags name instruction sets, not the kernel that fbgemm picks."""
-    global _PAIRS_OVERFLOW
-    if _PAIRS_OVERFLOW is None:
-        n = 64                            # every pair is 255 x 127 (x = 1 at scale 1/255, w = 1 at 1/127)
-        packed = _int8_packed(torch.ones(2, n), torch.full((2,), 1 / 127, dtype=torch.double), None)
-        y = torch.ops.quantized.linear_dynamic(torch.ones(1, n), packed, False)
-        _PAIRS_OVERFLOW = float((y - n).abs().max()) > 0.5
-    return _PAIRS_OVERFLOW
-
-
-def int8_scales(w: torch.Tensor) -> torch.Tensor:
-    """One scale per output row of `w` for int8 products on this CPU.
-
-    Where pairs are summed in 16 bits (`int8_pairs_overflow`), a row's scale is also large enough
-    that no pair of its quantized weights sums past 127 in magnitude: with rounding at most 128,
-    and 255 x 128 = 32640 fits. Only pairs of one sign can overflow, and a row's largest such sum
-    is mostly well under twice its largest weight, so a row keeps about 7.6 of its 8 bits (scales
-    1.3x the plain ones on SmolLM2-135M). On a 2-core AVX2 EPYC, teacher-forced on greedy answers
-    to 7 prompts (168 tokens): mean |Δ logprob| 0.074 against float32 and 95 % the same greedy
-    token, where plain scales saturate (1.62 and 58 %), 7-bit weights give 0.084 and 94 %, and
-    7-bit activations (fbgemm's reduce_range, whose one scale per row must cover their outliers)
-    0.137 and 91 %."""
-    w = w.float()
-    top = w.abs().amax(dim=1)
-    if int8_pairs_overflow() and w.shape[1] > 1:
-        even = w.shape[1] - w.shape[1] % 2
-        top = torch.maximum(top, (w[:, 0:even:2] + w[:, 1:even:2]).abs().amax(dim=1))
-    return (top / 127).clamp(min=1e-12).double()
-
-
-class _Matrix:
-    """y = x Wᵀ (+ b) for a packed weight, stored as `kind` says.
-
-    int8: weights quantized once per output row (fbgemm, scaled so that the CPU's kernel cannot
-    overflow: `int8_scales`), activations per row at each step. Each row of a batch is
-    multiplied on its own, so a stream's tokens never depend on who else is in the batch (fbgemm
-    would quantize a whole batch with one scale)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str):
-        self.kind = kind
-        w = weight.detach().float()
-        self.bias = None if bias is None else bias.detach().float().contiguous()
-        if kind == "int8":
-            self.packed = _int8_packed(w, int8_scales(w), self.bias)
-            self.bias = None
-        else:
-            self.weight = w.to(getattr(torch, kind)).contiguous()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "int8":
-            if x.shape[0] == 1:
-                return torch.ops.quantized.linear_dynamic(x, self.packed, False)
-            return torch.cat([torch.ops.quantized.linear_dynamic(row, self.packed, False)
-                              for row in x.split(1)])
-        if self.kind == "float32":
-            y = F.linear(x, self.weight)
-        else:
-            y = F.linear(x.to(self.weight.dtype), self.weight).float()
-        return y if self.bias is None else y + self.bias
-
-
-PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _module(layer, part: str):
-    return getattr(layer.self_attn if part[0] in "qkvo" else layer.mlp, part)
-
-
-def _base(module):
-    """The plain linear under a PEFT wrapper (or the module itself)."""
-    return getattr(module, "base_layer", module)
-
-
-def merged_weight(m, merge: str | None) -> torch.Tensor:
-    """A linear's weight, with LoRA adapter `merge` folded in (W + scale · B A) where it has one."""
-    w = _base(m).weight.detach()
-    if merge is not None and merge in getattr(m, "lora_A", {}):
-        a, b = m.lora_A[merge].weight.detach().float(), m.lora_B[merge].weight.detach().float()
-        w = w.float() + float(m.scaling[merge]) * (b @ a)
-    return w
 
 
 def _check_adapter(peft_model, name: str) -> None:
@@ -172,30 +49,6 @@ def _check_adapter(peft_model, name: str) -> None:
         if getattr(m, "use_dora", {}).get(name):
             raise ValueError("a DoRA adapter has no fast decode step")
 
-
-def layer_weights(layer, merge: str | None = None) -> dict[str, torch.Tensor]:
-    """A decoder layer's projection weights, and biases where it has them ("q_proj", "q_proj.bias"),
-    by name; with `merge`, that LoRA adapter folded in (W + scale · B A), as PEFT's merge computes it."""
-    out = {}
-    for part in PARTS:
-        m = _module(layer, part)
-        out[part] = merged_weight(m, merge)
-        if _base(m).bias is not None:
-            out[part + ".bias"] = _base(m).bias.detach()
-    return out
-
-
-class _Layer:
-    def __init__(self, layer, kind: str, merge: str | None = None):
-        w = layer_weights(layer, merge)
-        qkv_bias = None if "q_proj.bias" not in w else \
-            torch.cat([w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"]])
-        self.qkv = _Matrix(torch.cat([w["q_proj"], w["k_proj"], w["v_proj"]]), qkv_bias, kind)
-        self.o = _Matrix(w["o_proj"], w.get("o_proj.bias"), kind)
-        self.gate_up = _Matrix(torch.cat([w["gate_proj"], w["up_proj"]]), None, kind)
-        self.down = _Matrix(w["down_proj"], None, kind)
-        self.norm1 = layer.input_layernorm.weight.detach().float()
-        self.norm2 = layer.post_attention_layernorm.weight.detach().float()
 
 
 class _Lora:
@@ -217,7 +70,7 @@ class _Lora:
                 a, b = m.lora_A[name].weight.detach(), m.lora_B[name].weight.detach()
                 parts.append((a.float(), b.float() * float(m.scaling[name])))
             else:
-                w = _base(m).weight
+                w = base_of(m).weight
                 parts.append((torch.zeros(0, w.shape[1]), torch.zeros(w.shape[0], 0)))
         if not any(a.shape[0] for a, _ in parts):
             return None
@@ -305,16 +158,16 @@ class FastDecoder:
         self.eps = cfg.rms_norm_eps
         self.embed = inner.embed_tokens.weight.detach()
         with torch.no_grad():
-            self.layers = [_Layer(layer, weights) for layer in inner.layers]
+            self.layers = [PackedLayer(layer, weights) for layer in inner.layers]
             self.norm = inner.norm.weight.detach().float()
-            self.lm_head = _Matrix(model.lm_head.weight, None, weights)
+            self.lm_head = Matrix(model.lm_head.weight, None, weights)
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.detach().float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._lora: dict[str, list[_Lora]] = {}
         self._lock = threading.Lock()     # adapters come and go on the worker, merges land from theirs
         self._head_lora: dict[str, tuple | None] = {}
-        self._merged: dict[str, tuple[list[_Layer], _Matrix]] = {}
+        self._merged: dict[str, tuple[list[PackedLayer], Matrix]] = {}
         self._room = _Room()              # in-place appends to the KV cache
 
     # -- adapters ---------------------------------------------------------------------------------
@@ -338,9 +191,9 @@ class FastDecoder:
         inner = peft_model.base_model.model
         unmerged = self._lora.get(name)
         with torch.no_grad():
-            merged = [_Layer(layer, self.weights, merge=name) for layer in inner.model.layers]
+            merged = [PackedLayer(layer, self.weights, merge=name) for layer in inner.model.layers]
             head = self.lm_head if self._head_lora.get(name) is None else \
-                _Matrix(merged_weight(inner.lm_head, name), None, self.weights)
+                Matrix(merged_weight(inner.lm_head, name), None, self.weights)
         with self._lock:
             if unmerged is None or self._lora.get(name) is not unmerged:
                 return False
@@ -360,24 +213,6 @@ class FastDecoder:
         return name in self._lora
 
     # -- the step -----------------------------------------------------------------------------------
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # written out: torch's fused rms_norm is slower on a CPU for one row (a 135M model's int8
-        # step under the profiler, Zen 4: 10.9 ms with it, 9.3 ms with this)
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)))
-
-    def _rope(self, positions: torch.Tensor):
-        """cos and sin for `_rotate`; sin's first half negated, which folds rotate_half's sign in."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        cos, sin = freqs.cos() * self.rope_scale, freqs.sin() * self.rope_scale
-        return torch.cat([cos, cos], dim=-1)[:, None, None, :], \
-            torch.cat([-sin, sin], dim=-1)[:, None, None, :]
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """RoPE as transformers applies it, x·cos + rotate_half(x)·sin, in three operations:
-        rotate_half(x) is x rolled by half its width with the first half negated (in `sin`)."""
-        return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
-
     def _attend(self, q, keys, values, starts):
         """Each row's one new position attending over its keys; rows with left padding (`starts`)
         one at a time over their own keys, exactly as alone, so a stream's tokens never depend on
@@ -410,7 +245,8 @@ class FastDecoder:
         rows = len(tokens)
         h, kvh, hd = self.heads, self.kv_heads, self.head_dim
         x = self.embed[torch.tensor(tokens)].float()
-        cos, sin = self._rope(torch.as_tensor(positions).reshape(rows))
+        cos, sin = (t[:, None, None, :] for t in
+                    rope_tables(torch.as_tensor(positions).reshape(rows), self.inv_freq, self.rope_scale))
         # where each row's keys begin (left padding ends; `_attend`)
         starts = None if mask is None else (mask.shape[1] - mask.sum(dim=1)).tolist()
         merged = self._merged.get(adapter) if adapter else None
@@ -421,12 +257,12 @@ class FastDecoder:
         kv_dtype = first_keys.dtype if first_keys is not None and first_keys.numel() else torch.float32
         for i, layer in enumerate(layers):
             ad = lora[i] if lora else None
-            y = self._norm(x, layer.norm1)
+            y = rms_norm(x, layer.norm1, self.eps)
             qkv = layer.qkv(y)
             if ad:
                 qkv = _Lora.apply(qkv, y, ad.qkv)
             # q and k rotated in one pass: both are heads of hd at the same positions
-            qk = self._rotate(qkv[:, :(h + kvh) * hd].view(rows, h + kvh, 1, hd), cos, sin)
+            qk = rotate(qkv[:, :(h + kvh) * hd].view(rows, h + kvh, 1, hd), cos, sin)
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, (h + kvh) * hd:].view(rows, kvh, 1, hd)
             keys, values = self._room.append(cache, i, k.to(kv_dtype), v.to(kv_dtype))
@@ -435,7 +271,7 @@ class FastDecoder:
             if ad:
                 out = _Lora.apply(out, att, ad.o)
             x = x + out
-            y = self._norm(x, layer.norm2)
+            y = rms_norm(x, layer.norm2, self.eps)
             gu = layer.gate_up(y)
             if ad:
                 gu = _Lora.apply(gu, y, ad.gate_up)
@@ -445,6 +281,6 @@ class FastDecoder:
             if ad:
                 down = _Lora.apply(down, act, ad.down)
             x = x + down
-        y = self._norm(x, self.norm)
+        y = rms_norm(x, self.norm, self.eps)
         logits = head(y)
         return _Lora.apply(logits, y, self._head_lora.get(adapter)) if adapter and lora else logits

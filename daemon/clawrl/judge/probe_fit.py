@@ -163,7 +163,7 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
     from safetensors.torch import save_file
     exchanges = [exchange(e.question, e.answer, e.text) for e in examples]
     keys = [line_key(m) for m in exchanges]
-    width = len(reader.layers) * reader.model.config.hidden_size
+    width = reader.width
     with tempfile.TemporaryDirectory(prefix="clawrl-probe-") as scratch:
         prefix = cache if cache is not None else Path(scratch) / "features"
         known = _rows_of(cache, width) if cache is not None and cache.exists() else {}
