@@ -2,7 +2,8 @@
 
 1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
    light load) by the rules judge and by the probe; median and 95th percentile per judgment, on
-   the machine's threads and on the one thread the daemon gives the probe.
+   the machine's threads (the daemon's, on the embedded engine's worker) and on one thread (beside
+   any other engine).
    Beside it, the base model's reading alone, this path (packed layers, the matrix products in
    bfloat16 where the CPU multiplies it natively) against the previous one (transformers'
    forward, the same products) and the one before it (float32 products) on the same lines, as
@@ -155,7 +156,7 @@ def main() -> int:
     print(f"reading: {result['reading']['this_path_p50_ms']:.0f} ms against "
           f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path and "
           f"{result['reading']['float32_path_p50_ms']:.0f} ms in float32", file=sys.stderr)
-    # The daemon reads on one thread beside the engine (judge/loop.py): the same lines so.
+    # Beside a remote engine the daemon reads on one thread (judge/loop.py): the same lines so.
     one = probe.ProbeJudge(head, reader, threads=1)
     result["latency"]["probe_one_thread"] = latency(one.judge_sync, lines)
     print(f"probe on one thread: {result['latency']['probe_one_thread']['p50_ms']:.0f} ms median",

@@ -97,6 +97,26 @@ def test_kto_raises_the_good_answers_lowers_the_bad_and_writes_a_version(lm, tmp
     assert sum(bad) / len(bad) < -0.5, moved
 
 
+def test_the_recipe_asks_for_bfloat16_products_where_the_cpu_has_them(lm, tmp_path):
+    """consolidate.cpu_products = "bfloat16" runs the frozen base's products in bfloat16 where the
+    CPU multiplies it natively (float32 elsewhere: emulated bfloat16 is slower), and what it
+    learns goes the same way as the float32 path's."""
+    from clawrl.models import bf16_supported
+    log, labels = judged_log(lm, tmp_path, consolidate_cpu_products="bfloat16")
+    db = connect(log.cfg.db_path)
+    assert consolidate.run(log.cfg, db, log.cfg.adapters_dir, threading.Event()) == 1
+    db.close()
+    path = log.metas()[1]["path"]
+    native = bf16_supported()
+    assert path["products"] == ("bfloat16" if native else "float32")
+    assert (path["frozen_linears"] > 0) == native and path["answer_lm_head"]
+    tuned, after = adapter_model(log.home, 1), log.rows()
+    moved = {i: total_logp(tuned, after[i]) - total_logp(lm[1], after[i]) for i in labels}
+    good = [d for i, d in moved.items() if labels[i]]
+    bad = [d for i, d in moved.items() if not labels[i]]
+    assert sum(good) / len(good) > 0.5 and sum(bad) / len(bad) < -0.5, moved
+
+
 def test_a_window_that_cannot_teach_is_refused_and_writes_nothing(lm, tmp_path):
     log = TurnLog(tmp_path)
     root = log.cfg.adapters_dir

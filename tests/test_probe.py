@@ -148,6 +148,42 @@ def test_a_correction_gives_its_words_as_the_hint(fitted):
     assert j.score == -1 and j.hint == text
 
 
+def test_judgments_run_where_the_engine_lends_its_worker_one_at_a_time(fitted):
+    """Given `run` (the embedded engine's `between_passes`), a judgment runs there, not on a
+    thread of its own, and the same as it would alone; judgments asked for together are handed
+    over one at a time, so a request waiting behind them waits for one reading at most."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lent-worker")
+    threads, queued, most = [], [0], [0]
+
+    def run(fn):
+        queued[0] += 1
+        most[0] = max(most[0], queued[0])
+
+        def call():
+            threads.append(threading.current_thread().name)
+            try:
+                return fn()
+            finally:
+                queued[0] -= 1
+        return worker.submit(call)
+
+    lent = probe.ProbeJudge(fitted.head, fitted.reader, run=run)
+    replies = ["no, that's wrong, it's Lyon", "perfect, thanks!", "what about Spain?", "nope."]
+    inps = [_inp({"role": "user", "content": r}) for r in replies]
+
+    async def together():
+        return await asyncio.gather(*(lent.judge(i) for i in inps))
+    got = asyncio.run(together())
+    worker.shutdown()
+    want = [fitted.judge_sync(i) for i in inps]
+    assert [(g.score, g.raw) for g in got] == [(w.score, w.raw) for w in want]
+    assert len(threads) == 4 and all(t.startswith("lent-worker") for t in threads)
+    assert most[0] == 1
+
+
 def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
     models = tmp_path / "models"
     src = probe_fit.head_folder(MODEL_CACHE, fitted.head.meta.model_hash).parent
@@ -228,7 +264,9 @@ def test_the_daemon_judges_with_the_probe_and_shows_agreement_with_feedback(fitt
         assert "agreed on 0 of 1 rated turns (0%), wrong sign on 1" in status.stdout
     finally:
         d.stop()
+    # The embedded engine lends its worker (and its threads) to the readings.
     assert "judge: probe (threshold" in d.log.read_text()
+    assert "reading on the engine's worker" in d.log.read_text()
 
 
 def test_without_a_head_the_daemon_judges_by_the_rules_and_says_so(fitted, tmp_path):

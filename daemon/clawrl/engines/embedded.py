@@ -197,6 +197,13 @@ class EmbeddedEngine:
             self._cv.notify()
         return fut
 
+    def between_passes(self, fn) -> concurrent.futures.Future:
+        """Run `fn` on the worker thread between two scheduling passes, on the worker's own torch
+        threads (a future of its result). For short CPU work of another stage that would
+        otherwise start a second thread pool (see load): the probe judge's readings. Every
+        request waits while it runs, so keep each call short."""
+        return self._call_in_worker(fn)
+
     def load_adapter(self, version: int, path) -> concurrent.futures.Future:
         """Load a version into a slot (engines/adapter_slots.py): copied into a free one when
         its LoRA config fits, else through PEFT."""

@@ -122,11 +122,16 @@ class Judging(BackgroundLoop):
                 raise
             finally:
                 pool.shutdown(wait=False)
-            self.judge = probe.ProbeJudge(head, reader, threads=1)
-            self.defer_s = self.cfg.judge.defer_s       # it reads on the engine's cores
-            log.info("judge: probe (thresholds %.2f/%.2f, dev correction recall %.2f)",
+            # It reads on the engine's cores: on the embedded engine's worker, between two of its
+            # passes and on its threads (46 ms a judgment on 2 cores, against 77 ms on one
+            # thread of its own: bench/judge.py); beside any other engine on one thread.
+            run = getattr(self.engine, "between_passes", None)
+            self.judge = probe.ProbeJudge(head, reader, threads=None if run else 1, run=run)
+            self.defer_s = self.cfg.judge.defer_s
+            log.info("judge: probe (thresholds %.2f/%.2f, dev correction recall %.2f; reading %s)",
                      head.meta.threshold, head.meta.approval_threshold,
-                     head.meta.dev.get("correction_recall", 0.0))
+                     head.meta.dev.get("correction_recall", 0.0),
+                     "on the engine's worker" if run else "on a thread of its own")
         except Exception as e:
             self.judge = make_judge("rules", 1)
             log.error("judge: the probe could not be built (%s); judging by the rules judge "

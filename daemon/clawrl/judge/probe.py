@@ -350,9 +350,13 @@ def unreadable(text: str) -> str | None:
 class ProbeJudge:
     """Votes with the probe on user replies, with the rules' structured reading on tool results."""
 
-    def __init__(self, head: Head, reader: Reader, threads: int | None = None):
-        """`threads`: torch threads of each reading (the daemon reads on one, beside the engine)."""
-        self.head, self.reader, self.threads = head, reader, threads
+    def __init__(self, head: Head, reader: Reader, threads: int | None = None, run=None):
+        """`threads`: torch threads of each reading on a thread of its own. `run`: where a
+        judgment runs instead (a callable taking a function, returning a concurrent future:
+        the embedded engine's `between_passes`, whose worker lends its threads); one judgment
+        at a time, so a request that arrives meanwhile waits for one reading at most."""
+        self.head, self.reader, self.threads, self.run = head, reader, threads, run
+        self._one_at_a_time: asyncio.Lock | None = None
 
     def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
         """(vote, reason) per reply, each read through the base model."""
@@ -387,4 +391,9 @@ class ProbeJudge:
         return combine(results, "probe")
 
     async def judge(self, inp: JudgeInput) -> Judgment:
-        return await asyncio.to_thread(self.judge_sync, inp)
+        if self.run is None:
+            return await asyncio.to_thread(self.judge_sync, inp)
+        if self._one_at_a_time is None:
+            self._one_at_a_time = asyncio.Lock()
+        async with self._one_at_a_time:
+            return await asyncio.wrap_future(self.run(lambda: self.judge_sync(inp)))

@@ -361,7 +361,8 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
                          peft_config=LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha,
                                                 target_modules=targets, lora_dropout=0.0,
                                                 task_type="CAUSAL_LM"))
-    path = {"device": "cuda", "bf16": True} if cuda else {"device": "cpu", **kto_cpu.for_cpu(trainer)}
+    path = {"device": "cuda", "bf16": True} if cuda else \
+        {"device": "cpu", **kto_cpu.for_cpu(trainer, getattr(torch, c.cpu_products))}
     return trainer, path
 
 

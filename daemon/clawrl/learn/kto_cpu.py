@@ -13,7 +13,8 @@ its KTOTrainer when it trains without a GPU; on a GPU, TRL's own path is the fas
   (tests/test_kto_cpu.py checks it against TRL's head). A model whose logits are scaled or
   soft-capped keeps TRL's head.
 - **The frozen base's products in bfloat16** (clawrl.bf16), where the CPU multiplies bfloat16
-  natively; the LoRA, the LM head and the loss stay float32. Off unless asked for (`products`):
+  natively; the LoRA, the LM head and the loss stay float32. Off unless asked for (`products`;
+  the recipe's `consolidate.cpu_products`):
   it made the steps faster again, but the one end-to-end check run with it on (concise,
   consolidating at 18 and 36 interactions) served 0.68 and 0.48 where the float32 path had
   served 0.94 and 0.97, and no A/B has yet shown whether bfloat16 or the run's other
