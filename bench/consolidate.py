@@ -19,7 +19,7 @@ decode (200 tokens at temperature 0) idle, then `--samples` times while consolid
 quiet time plus what serving took.
 
     .venv/bin/python bench/consolidate.py [--turns 500] [--shape chat|openclaw] [--serve]
-                                          [--out FILE] [--keep DIR]
+                                          [--products float32|bfloat16] [--out FILE] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -136,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="chat",
                     help="the turns' lengths (default chat; see above)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--products", choices=("float32", "bfloat16"), default="float32",
+                    help="consolidate.cpu_products: the frozen base's products on a CPU (default float32)")
     ap.add_argument("--serve", action="store_true", help="also measure decode while it runs")
     ap.add_argument("--samples", type=int, default=5,
                     help="with --serve: answers streamed while it runs (default 5)")
@@ -167,7 +169,8 @@ def main(argv=None) -> int:
             res["decode_idle_tok_s"] = idle
             say(f"idle decode: {[round(x, 1) for x in idle]} tok/s")
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"], env=env_for(home),
+        proc = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"],
+                                env=env_for(home, {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": args.products}),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         busy: list[float] = []
         if server is not None:

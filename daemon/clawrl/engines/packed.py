@@ -5,7 +5,7 @@ reading (judge/probe.py) run instead of transformers' general model class.
 Packed once at load: q, k and v as one matrix, gate and up as one, stored in float32, bfloat16
 (float32 in and out) or int8 (one scale per output row, activations quantized per row). Fewer,
 larger products, and none of a general forward's per-call bookkeeping (masks, cache objects,
-hooks). `read_sequence` runs a whole sequence through such layers, after a cached prefix, and
+hooks). `PackedModel.read` runs a whole sequence through such layers, after a cached prefix, and
 hands back the hidden states of the layers asked for: in float32 weights it computes what
 transformers computes, up to the order of float additions (tests/test_packed.py checks it against
 transformers' own forward).
@@ -25,7 +25,8 @@ STATIC_ROPE = ("default", "linear", "yarn", "llama3")
 
 
 def supported(model) -> str | None:
-    """Why this model cannot take the fast step (None when it can)."""
+    """Why this model cannot be read through packed layers, by the fast decode step or the probe
+    judge (None when it can)."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in ("llama", "qwen2", "mistral"):
         return f"model type {getattr(cfg, 'model_type', '?')!r} has no fast decode step"
