@@ -184,6 +184,35 @@ def test_judgments_run_where_the_engine_lends_its_worker_one_at_a_time(fitted):
     assert most[0] == 1
 
 
+def test_a_judgment_the_busy_worker_does_not_take_is_read_on_a_thread_of_its_own(fitted):
+    """A worker in a long prefill does not hold judgments back: after `lend_wait_s` the reading
+    runs on a thread of its own (one torch thread), and the worker, once free, skips it."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    import time
+    worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="busy-worker")
+    release, ran = threading.Event(), []
+    worker.submit(release.wait)                  # a prefill that takes a while
+
+    def run(fn):
+        def call():
+            out = fn()
+            ran.append(out is not None)
+            return out
+        return worker.submit(call)
+
+    lent = probe.ProbeJudge(fitted.head, fitted.reader, run=run, lend_wait_s=0.3)
+    inp = _inp({"role": "user", "content": "no, that's wrong, it's Lyon"})
+    t0 = time.perf_counter()
+    got = asyncio.run(lent.judge(inp))
+    assert time.perf_counter() - t0 < 60 and ran == []       # judged while the worker was busy
+    release.set()
+    worker.shutdown(wait=True)
+    assert ran == [False]                        # the worker skipped the abandoned reading
+    assert got.score == fitted.judge_sync(inp).score and got.raw[0].startswith("probe p(-1)=")
+
+
 def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
     models = tmp_path / "models"
     src = probe_fit.head_folder(MODEL_CACHE, fitted.head.meta.model_hash).parent

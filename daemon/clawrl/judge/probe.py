@@ -69,6 +69,9 @@ THRESHOLD_RULE = "recall-floors-1"
 RECALL_FLOORS = (0.85, 0.80)     # corrections, approvals
 MAX_WRONG_SIGN = 0.05
 WRONG_SIGN_COST = 3
+# How long a judgment waits for the engine's worker to take it (judge/loop.py) before it is read
+# on a thread of its own: a decode pass takes tens of milliseconds, a long prefill minutes.
+LEND_WAIT_S = 2.0
 
 
 class ProbeError(ClawrlError):
@@ -350,12 +353,16 @@ def unreadable(text: str) -> str | None:
 class ProbeJudge:
     """Votes with the probe on user replies, with the rules' structured reading on tool results."""
 
-    def __init__(self, head: Head, reader: Reader, threads: int | None = None, run=None):
+    def __init__(self, head: Head, reader: Reader, threads: int | None = None, run=None,
+                 lend_wait_s: float = LEND_WAIT_S):
         """`threads`: torch threads of each reading on a thread of its own. `run`: where a
         judgment runs instead (a callable taking a function, returning a concurrent future:
         the embedded engine's `between_passes`, whose worker lends its threads); one judgment
-        at a time, so a request that arrives meanwhile waits for one reading at most."""
+        at a time, so a request that arrives meanwhile waits for one reading at most. A judgment
+        the worker has not started within `lend_wait_s` (it is in a long prefill) is read on a
+        thread of its own, on one torch thread, instead, and the worker skips it."""
         self.head, self.reader, self.threads, self.run = head, reader, threads, run
+        self.lend_wait_s = lend_wait_s
         self._one_at_a_time: asyncio.Lock | None = None
 
     def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
@@ -367,9 +374,11 @@ class ProbeJudge:
         return [(v, "probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f} thresholds {:.2f}/{:.2f}".format(
                  *p, m.threshold, m.approval_threshold)) for v, p in zip(votes, probs.tolist())]
 
-    def judge_sync(self, inp: JudgeInput) -> Judgment:
-        if self.threads:
-            torch.set_num_threads(self.threads)      # this thread's own setting
+    def judge_sync(self, inp: JudgeInput, threads: int | None = None) -> Judgment:
+        """`threads`: this thread's torch threads for the reading (default: the judge's)."""
+        n = threads or self.threads
+        if n:
+            torch.set_num_threads(n)      # this thread's own setting
         question = next((content_text(m.get("content")) for m in reversed(inp.context)
                          if m.get("role") == "user"), "")
         results: list[tuple[int, str, str | None]] = []
@@ -396,4 +405,25 @@ class ProbeJudge:
         if self._one_at_a_time is None:
             self._one_at_a_time = asyncio.Lock()
         async with self._one_at_a_time:
-            return await asyncio.wrap_future(self.run(lambda: self.judge_sync(inp)))
+            state, lock = ["queued"], threading.Lock()
+
+            def lent() -> Judgment | None:
+                with lock:
+                    if state[0] == "abandoned":
+                        return None
+                    state[0] = "running"
+                return self.judge_sync(inp)
+            done = asyncio.wrap_future(self.run(lent))
+            try:
+                judged = await asyncio.wait_for(asyncio.shield(done), self.lend_wait_s)
+                assert judged is not None
+                return judged
+            except asyncio.TimeoutError:
+                with lock:
+                    if state[0] == "queued":
+                        state[0] = "abandoned"
+                if state[0] == "running":
+                    judged = await done
+                    assert judged is not None       # only a job skipped as abandoned has none
+                    return judged
+        return await asyncio.to_thread(self.judge_sync, inp, 1)
