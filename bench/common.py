@@ -32,3 +32,10 @@ def emit(results: dict, out: str | None) -> None:
     print(line)
     if out:
         Path(out).write_text(line + "\n")
+
+
+def env_for(home: Path, extra: dict | None = None) -> dict:
+    """This process's environment for a `clawrl` child in `home`, without our own CLAWRL_*
+    settings (the child reads the recipe and `extra` only)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}
+    return {**env, "CLAWRL_HOME": str(home), **(extra or {})}

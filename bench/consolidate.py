@@ -41,7 +41,7 @@ import httpx
 
 from clawrl.evals.child import DaemonChild
 
-from common import emit  # noqa: E402  (bench/ is on sys.path)
+from common import emit, env_for  # noqa: E402  (bench/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / ".cache" / "models"
@@ -102,11 +102,6 @@ def build_log(home: Path, n: int, seed: int, shape: str) -> dict:
     return {"turns": n, "shape": shape, "prompt_tokens_mean": statistics.mean(plens),
             "response_tokens_mean": statistics.mean(rlens), "good": labels.count(1),
             "bad": labels.count(-1)}
-
-
-def env_for(home: Path, extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}
-    return {**env, "CLAWRL_HOME": str(home), **(extra or {})}
 
 
 def decode_rate(url: str) -> float:

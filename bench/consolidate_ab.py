@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,9 +26,8 @@ import httpx
 from clawrl.evals import personas
 from clawrl.evals.evaluate import Child, heldout
 
-from common import emit  # noqa: E402  (bench/ is on sys.path)
+from common import emit, env_for  # noqa: E402  (bench/ is on sys.path)
 
-REPO = Path(__file__).resolve().parents[1]
 SERVE = {"CLAWRL_TRAIN_ENABLED": "false", "CLAWRL_JUDGE_BACKEND": "rules"}
 
 
@@ -59,10 +57,9 @@ def score(home: Path, models: Path, persona, n: int, seed: int) -> dict:
 
 
 def consolidate(home: Path, products: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWRL_")}
-    env.update({"CLAWRL_HOME": str(home), "CLAWRL_CONSOLIDATE_CPU_PRODUCTS": products})
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "clawrl", "consolidate"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "clawrl", "consolidate"],
+                          env=env_for(home, {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": products}),
                           capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -27,8 +27,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .packed import (PARTS, STATIC_ROPE, Matrix, PackedLayer, base_of, int8_available, merged_weight,
-                     rms_norm, rope_tables, rotate, supported)
+from .packed import (PARTS, STATIC_ROPE, Matrix, PackedLayer, PackedModel, base_of, int8_available,
+                     merged_weight, rms_norm, rope_tables, rotate, supported)
 
 __all__ = ["DECODE_WEIGHTS", "STATIC_ROPE", "FastDecoder", "int8_available", "supported"]
 
@@ -138,8 +138,9 @@ class _Room:
         return layer.keys, layer.values
 
 
-class FastDecoder:
-    """The decode step over `model`'s own weights, packed once (see the module docstring).
+class FastDecoder(PackedModel):
+    """The decode step over `model`'s own weights, packed once (see the module docstring): the
+    packed layers of engines/packed.py, all of them, and the LM head.
 
     `weights` picks their storage for decode: float32 (exact), bfloat16, or int8 (a quarter of
     the bytes, one scale per output row, activations quantized per row at each step)."""
@@ -147,23 +148,10 @@ class FastDecoder:
     def __init__(self, model, weights: str = "float32"):
         if weights not in DECODE_WEIGHTS:
             raise ValueError(f"decode weights {weights!r}: use one of {', '.join(DECODE_WEIGHTS)}")
-        why = supported(model)
-        if why:
-            raise ValueError(why)
-        cfg = model.config
-        inner = model.model
+        super().__init__(model, weights, rows=None)
         self.weights = weights
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.eps = cfg.rms_norm_eps
-        self.embed = inner.embed_tokens.weight.detach()
         with torch.no_grad():
-            self.layers = [PackedLayer(layer, weights) for layer in inner.layers]
-            self.norm = inner.norm.weight.detach().float()
             self.lm_head = Matrix(model.lm_head.weight, None, weights)
-        rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.detach().float()
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._lora: dict[str, list[_Lora]] = {}
         self._lock = threading.Lock()     # adapters come and go on the worker, merges land from theirs
         self._head_lora: dict[str, tuple | None] = {}

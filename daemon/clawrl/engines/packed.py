@@ -228,8 +228,10 @@ class PackedModel:
     """The first `depth` decoder layers of a Llama-family causal LM (all by default), packed
     (`PackedLayer`, weights stored as `kind` says), reading whole sequences with `read`."""
 
-    def __init__(self, model, kind: str = "float32", depth: int | None = None, rows: int = 64):
-        """`rows`: the number of tokens a reading usually has (a hint for bfloat16's layout)."""
+    def __init__(self, model, kind: str = "float32", depth: int | None = None,
+                 rows: int | None = 64):
+        """`rows`: the number of tokens a reading usually has (a hint for bfloat16's blocked
+        layout; None: the plain layout, as for decode steps of a few rows)."""
         why = supported(model)
         if why:
             raise ValueError(why)
