@@ -9,6 +9,9 @@ people write), rendered with the model's chat template, at the lengths of one of
   openclaw  prompts of 40 to 1,000 tokens (consolidation keeps the last
             consolidate.max_prompt_tokens of each, as it would of a 13k-token OpenClaw prompt)
             and answers of 16 to 240
+Each -1 turn carries a hint, as the probe judge records one (the user's words): a correction from
+the same corpus. So with `consolidate.teacher_answers` on (the default) the run includes the
+hinted teacher writing its answers; `--no-hints` leaves them out (the earlier runs' log).
 The run itself is the real command, `clawrl consolidate`, in a child process: TRL's KTOTrainer at
 the recipe's settings.
 
@@ -19,7 +22,8 @@ decode (200 tokens at temperature 0) idle, then `--samples` times while consolid
 quiet time plus what serving took.
 
     .venv/bin/python bench/consolidate.py [--turns 500] [--shape chat|openclaw] [--serve]
-                                          [--products float32|bfloat16] [--out FILE] [--keep DIR]
+                                          [--products float32|bfloat16] [--no-hints]
+                                          [--out FILE] [--keep DIR]
 """
 from __future__ import annotations
 
@@ -51,22 +55,24 @@ def say(msg: str) -> None:
     print(f"[consolidate-bench] {msg}", file=sys.stderr, flush=True)
 
 
-def corpus_lines() -> list[str]:
-    return [json.loads(line)["text"] for line in
+def corpus_rows() -> list[dict]:
+    return [json.loads(line) for line in
             (REPO / "recipes" / "feedback" / "train.jsonl").read_text().splitlines() if line.strip()]
 
 
 SHAPES = {"chat": ((40, 190), (16, 128)), "openclaw": ((40, 990), (16, 240))}
 
 
-def build_log(home: Path, n: int, seed: int, shape: str) -> dict:
+def build_log(home: Path, n: int, seed: int, shape: str, hints: bool = True) -> dict:
     """A migrated turn log with `n` judged turns; returns their length statistics."""
     from transformers import AutoTokenizer
 
     from clawrl.turnlog import migrations
     tok = AutoTokenizer.from_pretrained(MODELS / "SmolLM2-135M-Instruct")
     rng = random.Random(seed)
-    lines = corpus_lines()
+    rows = corpus_rows()
+    lines = [r["text"] for r in rows]
+    corrections = [r["text"] for r in rows if r["label"] == -1]
     db = sqlite3.connect(home / "clawrl.db")
     migrations.apply(db)
     db.execute("INSERT INTO sessions (id, user_id, created_at, last_seen) VALUES ('s', 'u', 0, 0)")
@@ -87,13 +93,14 @@ def build_log(home: Path, n: int, seed: int, shape: str) -> dict:
         prompt_ids = tok.encode(prompt)
         response_ids = tok.encode(text(rng.randint(r_lo, r_hi)))[:r_hi - 1] + [end]
         reward = rng.choice((1, -1))
+        hint = rng.choice(corrections) if reward < 0 and hints else None
         db.execute(
             "INSERT INTO turns (session_id, user_id, turn_index, turn_type, kind, trainable, status,"
             " model, adapter_version, n_messages, created_at, request_json, prompt_ids,"
-            " response_text, response_ids, judge_status, judge_score)"
-            " VALUES ('s', 'u', ?, 'main', 'main', 1, 'complete', 'm', 0, 2, ?, ?, ?, ?, ?, 'done', ?)",
+            " response_text, response_ids, judge_status, judge_score, judge_hint)"
+            " VALUES ('s', 'u', ?, 'main', 'main', 1, 'complete', 'm', 0, 2, ?, ?, ?, ?, ?, 'done', ?, ?)",
             (i, time.time() - 7200, json.dumps({"messages": messages}), json.dumps(prompt_ids),
-             tok.decode(response_ids), json.dumps(response_ids), reward))
+             tok.decode(response_ids), json.dumps(response_ids), reward, hint))
         plens.append(len(prompt_ids))
         rlens.append(len(response_ids))
         labels.append(reward)
@@ -101,7 +108,7 @@ def build_log(home: Path, n: int, seed: int, shape: str) -> dict:
     db.close()
     return {"turns": n, "shape": shape, "prompt_tokens_mean": statistics.mean(plens),
             "response_tokens_mean": statistics.mean(rlens), "good": labels.count(1),
-            "bad": labels.count(-1)}
+            "bad": labels.count(-1), "hints": hints}
 
 
 def decode_rate(url: str) -> float:
@@ -133,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--products", choices=("float32", "bfloat16"), default="float32",
                     help="consolidate.cpu_products: the frozen base's products on a CPU (default float32)")
+    ap.add_argument("--no-hints", action="store_true",
+                    help="no hint on the -1 turns, so the hinted teacher writes nothing")
     ap.add_argument("--serve", action="store_true", help="also measure decode while it runs")
     ap.add_argument("--samples", type=int, default=5,
                     help="with --serve: answers streamed while it runs (default 5)")
@@ -146,7 +155,7 @@ def main(argv=None) -> int:
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     (home / "models").symlink_to(MODELS, target_is_directory=True)
-    log = build_log(home, args.turns, args.seed, args.shape)
+    log = build_log(home, args.turns, args.seed, args.shape, hints=not args.no_hints)
     say(f"turn log: {log}")
     res = {"bench": "consolidate", "log": log, "machine": {"cpus": os.cpu_count()}}
     server: DaemonChild | None = None
@@ -183,6 +192,7 @@ def main(argv=None) -> int:
         res.update({"wall_s": round(wall, 1), "meta_seconds": meta["seconds"], "steps": meta["steps"],
                     "loss_first": meta["loss_curve"][0], "loss_last": meta["loss_curve"][-1],
                     "loss": meta["loss"], "trl": meta["trl"], "recipe": meta["recipe"], "path": meta.get("path"),
+                    "window": meta["window"],
                     "target_s": 600, "meets_target": wall <= 600})
         say(f"consolidated {args.turns} turns in {wall:.0f} s ({meta['steps']} steps, loss "
             f"{meta['loss_curve'][0]:.4f} -> {meta['loss_curve'][-1]:.4f})")

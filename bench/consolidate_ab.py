@@ -1,14 +1,16 @@
-"""Consolidation's CPU product paths against each other on one judged window: the same turn log is
-consolidated once per `consolidate.cpu_products` value (float32, bfloat16), and each fresh
-adapter is served and scored on the persona's held-out prompts, beside the online adapter the log
-already had. One window and the same sampling seeds for every adapter, so the paths differ in
-nothing else.
+"""Consolidation's paths against each other on one judged window: the same turn log is
+consolidated once per path, and each fresh adapter is served and scored on the persona's held-out
+prompts, beside the online adapter the log already had. One window and the same sampling seeds
+for every adapter, so the paths differ in nothing else.
+
+A path is a `consolidate.cpu_products` value (float32, bfloat16), with `+teacher` or `-teacher`
+for `consolidate.teacher_answers` on or off (off when not named, the setting of the earlier A/B).
 
 HOME is a daemon home kept by an eval (`clawrl eval --work DIR` keeps DIR/<persona>-<method>-<seed>;
 without --work the eval's temporary folder is kept too). It is copied, never changed.
 
     .venv/bin/python bench/consolidate_ab.py HOME [--persona concise] [--heldout 40] [--seed 0]
-                                             [--paths float32,bfloat16] [--out FILE]
+                                             [--paths float32,float32+teacher] [--out FILE]
 """
 from __future__ import annotations
 
@@ -56,19 +58,23 @@ def score(home: Path, models: Path, persona, n: int, seed: int) -> dict:
     return {"adapter": version, **{k: h[k] for k in ("score", "empty", "degenerate", "scores")}}
 
 
-def consolidate(home: Path, products: str) -> dict:
+def consolidate(home: Path, path: str, extra: dict[str, str]) -> dict:
+    products, _, teacher = path.partition("+")
+    products = products.removesuffix("-teacher")
+    settings = {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": products,
+                "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": "true" if teacher == "teacher" else "false",
+                **extra}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "clawrl", "consolidate"],
-                          env=env_for(home, {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": products}),
-                          capture_output=True, text=True)
+                          env=env_for(home, settings), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"clawrl consolidate ({products}) failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"clawrl consolidate ({path}) failed:\n{proc.stderr[-3000:]}")
     version = max(int(p.name) for p in (home / "adapters").iterdir() if p.name.isdigit())
     meta = json.loads((home / "adapters" / f"{version:04d}" / "meta.json").read_text())
     return {"version": version, "wall_s": round(wall, 1), "steps": meta["steps"],
             "window": meta["window"], "loss_first": meta["loss_curve"][0],
-            "loss_last": meta["loss_curve"][-1], "path": meta["path"]}
+            "loss_last": meta["loss_curve"][-1], "path": meta["path"], "settings": settings}
 
 
 def main() -> int:
@@ -77,9 +83,18 @@ def main() -> int:
     ap.add_argument("--persona", default="concise")
     ap.add_argument("--heldout", type=int, default=40, help="held-out prompts per adapter")
     ap.add_argument("--seed", type=int, default=0, help="the sampling seeds of the held-out answers")
-    ap.add_argument("--paths", default="float32,bfloat16", help="consolidate.cpu_products values")
+    ap.add_argument("--paths", default="float32-teacher,float32+teacher",
+                    help="cpu_products values, each with +teacher or -teacher (see above)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [consolidate] setting for every path, e.g. lr=3e-4 (repeatable)")
     ap.add_argument("--out", help="also write the JSON result here")
     args = ap.parse_args()
+    extra = {}
+    for item in args.set:
+        key, sep, val = item.partition("=")
+        if not sep:
+            ap.error(f"--set {item}: give KEY=VALUE, e.g. lr=3e-4")
+        extra[f"CLAWRL_CONSOLIDATE_{key.strip().upper()}"] = val.strip()
     source = Path(args.home)
     models = (source / "models").resolve()
     persona = personas.load(args.persona)
@@ -96,7 +111,7 @@ def main() -> int:
         say(f"online adapter {res['online']['adapter']}: held-out {res['online']['score']:.3f}")
         for products in args.paths.split(","):
             home = copy(products)
-            run = consolidate(home, products)
+            run = consolidate(home, products, extra)
             run.update(score(home, models, persona, args.heldout, args.seed))
             res[products] = run
             say(f"{products}: version {run['version']} in {run['wall_s']:.0f} s ({run['steps']} steps, "

@@ -117,6 +117,54 @@ def test_the_recipe_asks_for_bfloat16_products_where_the_cpu_has_them(lm, tmp_pa
     assert sum(good) / len(good) > 0.5 and sum(bad) / len(bad) < -0.5, moved
 
 
+def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path, monkeypatch):
+    """With a hint on each -1 turn (the user's words), the base model shown the hint writes its
+    own answer, which KTO trains as desirable under the original prompt: the fresh adapter makes
+    those answers likelier. The version's turns are still the turn log's; with
+    consolidate.teacher_answers off, the teacher writes nothing."""
+    from clawrl.learn import hinted_answers
+    written: list[dict[int, list[int]]] = []
+    real = hinted_answers.write
+
+    def spy(*args, **kw):
+        written.append(real(*args, **kw))
+        return written[-1]
+    monkeypatch.setattr(hinted_answers, "write", spy)
+    log, labels = judged_log(lm, tmp_path, consolidate_max_completion_tokens="48")
+    hinted = {i: log.add(served(lm, q), judge_score=-1, judge_hint="Way too long. One word only.")
+              for i, q in enumerate(QUESTIONS)}
+    db = connect(log.cfg.db_path)
+    assert consolidate.run(log.cfg, db, log.cfg.adapters_dir, threading.Event()) == 1
+    [answers] = written
+    assert set(answers) == set(hinted.values()) and any(answers.values())
+    meta = log.metas()[1]
+    assert meta["window"]["teacher_answers"] == sum(bool(a) for a in answers.values())
+    assert meta["consolidated"] == sorted([*labels, *hinted.values()])
+    assert meta["window"]["desirable"] == len(QUESTIONS)
+    rows, tuned = log.rows(), adapter_model(log.home, 1)
+    moved = [total_logp(tuned, {**rows[i], "response_ids": json.dumps(ids)})
+             - total_logp(lm[1], {**rows[i], "response_ids": json.dumps(ids)})
+             for i, ids in answers.items() if ids]
+    assert sum(moved) / len(moved) > 0.5, moved
+
+    # Each answer is kept in its turn's row: the next run reads them back and writes none.
+    window = consolidate.examples(db, 100)
+    assert sum(bool(e.hint) for e in window) == len(QUESTIONS)
+    from clawrl.models import model_dir
+    model_path = model_dir(log.cfg)
+    added = consolidate._add_teacher_answers(log.cfg, db, model_path, None, lm[0], window,
+                                             threading.Event(), lambda _: None, lambda _: None)
+    assert added == len(answers) and len(written) == 1
+    assert {e.id: e.response_ids for e in window if e.teacher} == {i: a for i, a in answers.items() if a}
+
+    off = load_config(env={**log.env, "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": "false"})
+    window = consolidate.examples(db, 100)
+    assert consolidate._add_teacher_answers(off, db, model_path, lm[1], lm[0], window,
+                                            threading.Event(), lambda _: None, lambda _: None) == 0
+    assert len(written) == 1 and not any(e.teacher for e in window)
+    db.close()
+
+
 def test_a_window_that_cannot_teach_is_refused_and_writes_nothing(lm, tmp_path):
     log = TurnLog(tmp_path)
     root = log.cfg.adapters_dir

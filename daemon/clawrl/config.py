@@ -226,6 +226,10 @@ class ConsolidateConfig:
                            "or bfloat16 where the CPU multiplies it natively (AVX512-BF16 or "
                            "AMX; about 1.6x faster steps; elsewhere float32 is used)",
                            choices=("float32", "bfloat16"))
+    teacher_answers: bool = _f(True, "before KTO, the base model shown each -1 turn's hint (the "
+                               "user's words) writes its own answer, which joins the window as a "
+                               "desirable example: what on-policy distillation teaches online, as "
+                               "whole answers")
 
 
 @dataclass

@@ -182,6 +182,19 @@ def long_context(path: Path, context_length: int, models_dir: Path) -> Path:
     return out
 
 
+def model_hash(model_dir: Path) -> str:
+    """sha256 over the model's weight files and config: what a probe head or a cached teacher
+    answer belongs to."""
+    h = hashlib.sha256()
+    files = sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def model_dir(cfg) -> Path:
     """The model folder that serving, training and the teacher load for recipe `cfg`: the
     provisioned model, in its long-context variant where the window asks for one

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..models import model_hash
 from . import corpus, probe_workers
 from .corpus import metrics
 from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS, THRESHOLD_RULE,
@@ -198,18 +199,6 @@ def corpus_features(reader: Reader, examples: list, cache: Path | None, progress
 
 
 # ----------------------------------------------------------------------------------- where/when
-
-def model_hash(model_dir: Path) -> str:
-    """sha256 over the model's weight files and config: the head belongs to exactly these."""
-    h = hashlib.sha256()
-    files = sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()[:16]
-
 
 def head_folder(models_dir: Path, digest: str) -> Path:
     """Beside the converted models (which homes may share), keyed by the model's hash."""

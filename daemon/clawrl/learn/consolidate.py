@@ -10,7 +10,8 @@ canary and hot-swap treat it as they treat every version, and online training co
 
 It reads only trainable turns: an opted-out turn or one that held a secret is never read, and a
 forgotten turn is deleted from the log, so it is never consolidated again. It marks no turn: the
-turns the online trainer has not taken yet are still trained online, on top of this version.
+turns the online trainer has not taken yet are still trained online, on top of this version. (It
+only keeps, in a -1 turn's row, the answer the hinted teacher wrote for it: learn/hinted_answers.py.)
 
 Where it runs: inside the trainer process (the one writer of the adapters folder) when the
 schedule says so (`due`) or when `clawrl consolidate` leaves a request file; without a running
@@ -39,7 +40,8 @@ from ..adapters import versions as adapters
 from ..config import Config, consolidate_schedule
 from ..errors import ClawrlError
 from ..turnlog.rows import value
-from .samples import judged_since, judged_window, last_request_at, log, reward_of
+from .samples import judged_since, judged_window, last_request_at, log, reward_of, write
+from .teacher import pick_hint
 
 REQUEST = "CONSOLIDATE"         # `clawrl consolidate` asks a running trainer to run one now
 METHOD = "consolidate-kto"      # meta.json's method of a consolidated version
@@ -59,6 +61,10 @@ class Example:
     prompt_ids: list[int]
     response_ids: list[int]
     desirable: bool
+    hint: str | None = None          # the user's words on a -1 turn (learn/teacher.pick_hint)
+    request: dict | None = None      # what was asked ({messages, tools}), for the hinted teacher
+    teacher: bool = False            # an answer the hinted teacher wrote (learn/hinted_answers.py)
+    kept: str | None = None          # the row's teacher_answer: one written before
 
 
 def examples(db: sqlite3.Connection, size: int) -> list[Example]:
@@ -67,13 +73,17 @@ def examples(db: sqlite3.Connection, size: int) -> list[Example]:
     for r in judged_window(db, size):
         try:
             prompt, response = value(r, "prompt_ids"), value(r, "response_ids")
+            request = value(r, "request_json")
         except ValueError as e:
             log(f"consolidation: {e}; left out")
             continue
         if prompt and response:
             reward = reward_of(r)
             assert reward is not None       # a JUDGED row has one
-            out.append(Example(r["id"], prompt, response, reward > 0))
+            hint = pick_hint(r["feedback_comment"], r["judge_hint"]) if reward < 0 else None
+            out.append(Example(r["id"], prompt, response, reward > 0, hint,
+                               request if isinstance(request, dict) and request.get("messages") else None,
+                               kept=r["teacher_answer"]))
     return out
 
 
@@ -262,7 +272,10 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
     trainer = None
     try:
         watch = _callback(progress, stop)
-        trainer, path = _kto_trainer(cfg, model_path, window, staging, watch)
+        torch.set_num_threads(c.threads)
+        tokenizer, model = _base(cfg, model_path)
+        taught = _add_teacher_answers(cfg, db, model_path, model, tokenizer, window, stop, progress, say)
+        trainer, path = _kto_trainer(cfg, model, tokenizer, window, staging, watch)
         _stop_inside_steps(trainer.model, stop)
         progress({"message": "training", "steps": trainer.state.max_steps or None})
         result = trainer.train()
@@ -273,11 +286,13 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         if not math.isfinite(loss):
             raise ClawrlError(f"consolidation's training loss was {loss}; nothing written")
         version = (adapters.newest(root) or 0) + 1
+        turns = [e for e in window if not e.teacher]
         meta = {
             "parent": None, "samples": [], "method": METHOD,
-            "consolidated": [e.id for e in window],
-            "window": {"first_id": window[0].id, "last_id": last_id, "size": len(window),
-                       "desirable": good, "undesirable": len(window) - good},
+            "consolidated": [e.id for e in turns],
+            "window": {"first_id": turns[0].id, "last_id": last_id, "size": len(turns),
+                       "desirable": good, "undesirable": len(turns) - good,
+                       "teacher_answers": taught},
             "loss": loss, "loss_curve": losses, "steps": trainer.state.global_step,
             "base_model": {"name": cfg.model.name, "source": cfg.model.source, "path": str(model_path)},
             "seconds": round(time.time() - started, 1), "trl": _trl_version(), "path": path,
@@ -297,9 +312,10 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         gc.collect()
         torch.set_num_threads(threads)
     progress({"state": "done", "version": version, "last_id": last_id, "finished_at": time.time(),
-              "message": f"version {version:04d}: {len(window)} turns, loss {loss:.4f}, "
+              "message": f"version {version:04d}: {len(turns)} turns, loss {loss:.4f}, "
                          f"{meta['seconds']:.0f} s"})
-    say(f"consolidated version {version:04d}: {len(window)} turns, {meta['steps']} steps, "
+    say(f"consolidated version {version:04d}: {len(turns)} turns ({taught} teacher answers), "
+        f"{meta['steps']} steps, "
         f"loss {losses[0] if losses else loss:.4f} -> {loss:.4f}, {meta['seconds']:.0f} s")
     return version
 
@@ -321,7 +337,65 @@ def _trl_version() -> str:
     return trl.__version__
 
 
-def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: Path, watch):
+def _base(cfg: Config, model_path: Path):
+    """The base model's tokenizer (left padding) and the model itself, in float32 and eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return tokenizer, model.eval()
+
+
+def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, model, tokenizer,
+                         window: list[Example], stop: threading.Event,
+                         progress: Callable[[dict], None], say: Callable[[str], None]) -> int:
+    """With consolidate.teacher_answers, the hinted teacher's own answer to each -1 turn that has
+    a hint joins `window` (in place) as a desirable example (learn/hinted_answers.py); how many.
+    Answers kept in the turn log from an earlier run are read back; new ones are kept there."""
+    from ..models import model_hash
+    from . import hinted_answers as teach
+    c = cfg.consolidate
+    asked = [e for e in window if not e.desirable and e.hint and e.request]
+    if not c.teacher_answers or not asked:
+        return 0
+    digest = model_hash(model_path)
+    keys = {e.id: teach.key(digest, e.hint or "", c.max_prompt_tokens, c.max_completion_tokens)
+            for e in asked}
+    answers: dict[int, list[int] | None] = {}
+    wanted = []
+    for e in asked:
+        found, ids = teach.recall(e.kept, keys[e.id])
+        if found:
+            answers[e.id] = ids
+        else:
+            wanted.append(teach.Wanted(e.id, e.request or {}, e.hint or "", e.response_ids))
+    t0 = time.time()
+    if wanted:
+        progress({"message": f"the hinted teacher answers {len(wanted)} corrected turns"})
+        new = teach.write(model, tokenizer, wanted, c.max_prompt_tokens, c.max_completion_tokens,
+                          stop, lambda done, total: progress(
+                              {"message": f"the hinted teacher answered {done}/{total} corrected turns"}))
+        # kept even when stopped: the next run starts where this one ended
+        write(db, "UPDATE turns SET teacher_answer=? WHERE id=?",
+              [(teach.keep(ids, keys[i]), i) for i, ids in new.items()])
+        answers.update(new)
+        if stop.is_set():
+            raise Stopped("stopped during consolidation; nothing written")
+    by_id = {e.id: e for e in window}
+    kept = {i: ids for i, ids in answers.items() if ids}
+    window.extend(Example(i, by_id[i].prompt_ids, ids, True, teacher=True) for i, ids in kept.items())
+    say(f"consolidation: the hinted teacher's answers to {len(asked)} corrected turns: "
+        f"{len(answers) - len(wanted)} kept from before, {len(wanted)} written in "
+        f"{time.time() - t0:.0f} s; {len(kept)} join the window (the rest were cut off or empty)")
+    return len(kept)
+
+
+def _kto_trainer(cfg: Config, model, tokenizer, window: list[Example], staging: Path, watch):
     """TRL's KTOTrainer on the window: a fresh LoRA on the base model (the reference model is the
     base itself, the adapter disabled), on the CPU unless the trainer has a GPU; and how it runs
     there (meta.json's `path`). On a CPU, float32 with learn/kto_cpu.py's LM head that projects
@@ -330,21 +404,13 @@ def _kto_trainer(cfg: Config, model_path: Path, window: list[Example], staging: 
     import torch
     import datasets
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
     from trl import KTOConfig, KTOTrainer
 
     from . import kto_cpu
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
     datasets.disable_progress_bars()
     c, t = cfg.consolidate, cfg.train
-    torch.set_num_threads(c.threads)
     cuda = bool(cfg.engine.train_gpus) and torch.cuda.is_available()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tokenizer.padding_side = "left"
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.train()
     targets = "all-linear" if t.lora_targets == "all-linear" else \
         [s.strip() for s in t.lora_targets.split(",") if s.strip()]
     steps = max(c.min_steps, math.ceil(math.ceil(len(window) / c.batch_size) * c.epochs))

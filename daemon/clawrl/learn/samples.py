@@ -182,8 +182,9 @@ def judged_window(db: sqlite3.Connection, size: int) -> list:
     """The newest `size` judged (+1 or -1) trainable turns, oldest first, whatever the online
     trainer did with them: what consolidation learns from. Opted-out and secret-holding turns are
     not trainable, and forgotten ones are gone, so neither is ever read here."""
-    rows = db.execute(f"SELECT id, user_id, prompt_ids, response_ids, feedback_reward, judge_score"
-                      f" FROM turns WHERE {JUDGED} ORDER BY id DESC LIMIT ?", (size,)).fetchall()
+    rows = db.execute(f"SELECT id, user_id, prompt_ids, response_ids, feedback_reward, judge_score,"
+                      f" request_json, feedback_comment, judge_hint, teacher_answer FROM turns WHERE {JUDGED}"
+                      " ORDER BY id DESC LIMIT ?", (size,)).fetchall()
     return rows[::-1]
 
 

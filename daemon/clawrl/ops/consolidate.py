@@ -63,6 +63,8 @@ def main(args, cfg) -> int:
         raise ClawrlError(f"--window {args.window}: give at least 2 turns")
     db = connect(cfg.db_path)
     try:
+        from ..turnlog import migrations
+        migrations.apply(db)   # a turn log last opened by an older daemon
         if args.dry_run:
             return _dry_run(cfg, db, root, args.window, consolidate, consolidate_schedule)
         if adapters.trainer_running(root):

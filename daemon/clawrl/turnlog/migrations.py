@@ -138,3 +138,10 @@ def m004_skills(db: sqlite3.Connection) -> None:
 def m005_reasoning(db: sqlite3.Connection) -> None:
     # A reasoning model's <think> part, apart from the answer in response_text (chat/reasoning.py).
     db.execute("ALTER TABLE turns ADD COLUMN reasoning_text TEXT")
+
+
+@migration
+def m006_teacher_answer(db: sqlite3.Connection) -> None:
+    # Consolidation's hinted teacher's own answer to a -1 turn (learn/hinted_answers.py): JSON
+    # {"key": what it was written under, "ids": token ids, or null when it was left out}.
+    db.execute("ALTER TABLE turns ADD COLUMN teacher_answer TEXT")
