@@ -117,7 +117,8 @@ def test_the_recipe_asks_for_bfloat16_products_where_the_cpu_has_them(lm, tmp_pa
     assert sum(good) / len(good) > 0.5 and sum(bad) / len(bad) < -0.5, moved
 
 
-def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path, monkeypatch):
+def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path, monkeypatch,
+                                                                    capsys):
     """With a hint on each -1 turn (the user's words), the base model shown the hint writes its
     own answer, which KTO trains as desirable under the original prompt: the fresh adapter makes
     those answers likelier. The version's turns are still the turn log's; with
@@ -148,6 +149,11 @@ def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path
     assert sum(moved) / len(moved) > 0.5, moved
 
     # Each answer is kept in its turn's row: the next run reads them back and writes none.
+    from clawrl.config import consolidate_schedule
+    from clawrl.ops import consolidate as command
+    command._dry_run(log.cfg, db, log.cfg.adapters_dir, None, consolidate, consolidate_schedule)
+    assert (f"the hinted teacher answers {len(QUESTIONS)} corrected turns ({len(QUESTIONS)} answers "
+            "kept") in capsys.readouterr().out
     window = consolidate.examples(db, 100)
     assert sum(bool(e.hint) for e in window) == len(QUESTIONS)
     from clawrl.models import model_dir

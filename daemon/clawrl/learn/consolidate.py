@@ -357,6 +357,8 @@ def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, 
     """With consolidate.teacher_answers, the hinted teacher's own answer to each -1 turn that has
     a hint joins `window` (in place) as a desirable example (learn/hinted_answers.py); how many.
     Answers kept in the turn log from an earlier run are read back; new ones are kept there."""
+    import torch
+
     from ..models import model_hash
     from . import hinted_answers as teach
     c = cfg.consolidate
@@ -364,6 +366,8 @@ def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, 
     if not c.teacher_answers or not asked:
         return 0
     digest = model_hash(model_path)
+    if cfg.engine.train_gpus and torch.cuda.is_available():
+        model.to("cuda")       # where TRL will train it: the answers are written there too
     keys = {e.id: teach.key(digest, e.hint or "", c.max_prompt_tokens, c.max_completion_tokens)
             for e in asked}
     answers: dict[int, list[int] | None] = {}

@@ -91,8 +91,9 @@ def write(model, tokenizer, wanted: list[Wanted], max_prompt_tokens: int, max_ne
             batch = wanted[start:start + BATCH]
             prompts_now = [prompts[w.id] for w in batch]
             width = max(map(len, prompts_now))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts_now])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_now])
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts_now], device=model.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_now],
+                                device=model.device)
             with torch.no_grad():
                 gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                      do_sample=True, temperature=TEMPERATURE, top_p=1.0,
