@@ -131,7 +131,8 @@ def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path
         written.append(real(*args, **kw))
         return written[-1]
     monkeypatch.setattr(hinted_answers, "write", spy)
-    log, labels = judged_log(lm, tmp_path, consolidate_max_completion_tokens="48")
+    log, labels = judged_log(lm, tmp_path, consolidate_max_completion_tokens="48",
+                             consolidate_teacher_answers="true")
     hinted = {i: log.add(served(lm, q), judge_score=-1, judge_hint="Way too long. One word only.")
               for i, q in enumerate(QUESTIONS)}
     db = connect(log.cfg.db_path)
