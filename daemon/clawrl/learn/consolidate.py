@@ -73,10 +73,13 @@ def examples(db: sqlite3.Connection, size: int) -> list[Example]:
     for r in judged_window(db, size):
         try:
             prompt, response = value(r, "prompt_ids"), value(r, "response_ids")
-            request = value(r, "request_json")
         except ValueError as e:
             log(f"consolidation: {e}; left out")
             continue
+        try:
+            request = value(r, "request_json")
+        except ValueError:
+            request = None        # KTO still takes the turn; the hinted teacher cannot
         if prompt and response:
             reward = reward_of(r)
             assert reward is not None       # a JUDGED row has one

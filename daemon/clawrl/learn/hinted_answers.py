@@ -4,10 +4,11 @@ Online, on-policy distillation moves every token of a -1 answer toward what the 
 frozen base model shown the request with the user's words as a hint, learn/teacher.py) would
 have said. A sequence-level +1/-1 cannot carry that: a fresh KTO adapter trained on the judged
 turns alone kept what the online adapter had learned on one window of three
-(bench/RESULTS-consolidate.md). So before KTO runs, the teacher writes its own answer to each -1
-turn's request once, and that answer joins the window as a desirable example under the
-*original* prompt: KTO then raises the answer the hint asked for, where the served one is only
-lowered.
+(bench/RESULTS-consolidate.md). So, with `consolidate.teacher_answers`, before KTO runs the
+teacher writes its own answer to each -1 turn's request once, and that answer joins the window
+as a desirable example under the *original* prompt: KTO then raises the answer the hint asked
+for, where the served one is only lowered. (Measured mixed against a higher learning rate, and
+costly on a CPU, so it is off by default: bench/RESULTS-consolidate.md.)
 
 An answer the teacher did not finish within the completion budget is left out (a cut-off answer
 is not one it prefers as a whole), and so is an empty one or one equal to the served answer.
@@ -30,7 +31,8 @@ import torch
 from ..chat.format import render_prompt
 from .teacher import hinted_messages
 
-BATCH = 8            # answers written at once (left-padded prompts, one generate call)
+BATCH = 16           # answers written at once (left-padded prompts, one generate call; 16 took
+                     # 3.6 s a turn against 5.1 s for 8 on 2 CPU cores)
 TEMPERATURE = 0.7    # the eval's and a chat client's usual sampling; greedy repeats itself
 VERSION = 1          # of how an answer is written: a change makes every kept answer stale
 
@@ -42,7 +44,6 @@ class Wanted:
     request: dict
     hint: str
     response_ids: list[int]
-    kept: str | None = None      # the row's teacher_answer column
 
 
 def key(model_digest: str, hint: str, max_prompt_tokens: int, max_new_tokens: int) -> str:
