@@ -371,7 +371,7 @@ def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, 
     digest = model_hash(model_path)
     if cfg.engine.train_gpus and torch.cuda.is_available():
         model.to("cuda")       # where TRL will train it: the answers are written there too
-    keys = {e.id: teach.key(digest, e.hint or "", c.max_prompt_tokens, c.max_completion_tokens)
+    keys = {e.id: teach.key(digest, str(e.hint), c.max_prompt_tokens, c.max_completion_tokens)
             for e in asked}
     answers: dict[int, list[int] | None] = {}
     wanted = []
@@ -380,7 +380,7 @@ def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, 
         if found:
             answers[e.id] = ids
         else:
-            wanted.append(teach.Wanted(e.id, e.request or {}, e.hint or "", e.response_ids))
+            wanted.append(teach.Wanted(e.id, dict(e.request or {}), str(e.hint), e.response_ids))
     t0 = time.time()
     if wanted:
         progress({"message": f"the hinted teacher answers {len(wanted)} corrected turns"})
