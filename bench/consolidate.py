@@ -22,7 +22,8 @@ decode (200 tokens at temperature 0) idle, then `--samples` times while consolid
 quiet time plus what serving took.
 
     .venv/bin/python bench/consolidate.py [--turns 500] [--shape chat|openclaw] [--serve]
-                                          [--products float32|bfloat16] [--no-hints]
+                                          [--products float32|bfloat16] [--method kto|apo-zero]
+                                          [--no-hints]
                                           [--out FILE] [--keep DIR]
 """
 from __future__ import annotations
@@ -140,6 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--products", choices=("float32", "bfloat16"), default="float32",
                     help="consolidate.cpu_products: the frozen base's products on a CPU (default float32)")
+    ap.add_argument("--method", choices=("kto", "apo-zero"), default="kto",
+                    help="consolidate.method: TRL's KTO loss, or its unpaired APO-zero (default kto)")
     ap.add_argument("--no-hints", action="store_true",
                     help="no hint on the -1 turns, so the hinted teacher writes nothing")
     ap.add_argument("--serve", action="store_true", help="also measure decode while it runs")
@@ -174,7 +177,8 @@ def main(argv=None) -> int:
             say(f"idle decode: {[round(x, 1) for x in idle]} tok/s")
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "clawrl", "consolidate"],
-                                env=env_for(home, {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": args.products}),
+                                env=env_for(home, {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": args.products,
+                                                  "CLAWRL_CONSOLIDATE_METHOD": args.method}),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         busy: list[float] = []
         if server is not None:

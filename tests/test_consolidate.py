@@ -117,6 +117,36 @@ def test_the_recipe_asks_for_bfloat16_products_where_the_cpu_has_them(lm, tmp_pa
     assert sum(good) / len(good) > 0.5 and sum(bad) / len(bad) < -0.5, moved
 
 
+@pytest.mark.parametrize("method,passes", [("kto", 4), ("apo-zero", 2)])
+def test_each_method_reads_its_passes_and_learns_the_way_the_labels_say(lm, tmp_path, monkeypatch,
+                                                                        method, passes):
+    """consolidate.method picks TRL's loss. KTO reads the batch and its mismatched (KL) pairs,
+    each through the policy and the reference: four forward passes of the model a step (the
+    backward comes on top). APO-zero has no KL reference point, so it reads two. Both raise the
+    good answers and lower the bad ones."""
+    calls: list[int] = []
+    real = consolidate._kto_trainer
+
+    def spy(*args, **kw):
+        trainer, path = real(*args, **kw)
+        decoder = trainer.model.get_base_model().model
+        decoder.register_forward_pre_hook(lambda _m, _a: calls.append(1))
+        return trainer, path
+    monkeypatch.setattr(consolidate, "_kto_trainer", spy)
+    log, labels = judged_log(lm, tmp_path, consolidate_method=method)
+    db = connect(log.cfg.db_path)
+    assert consolidate.run(log.cfg, db, log.cfg.adapters_dir, threading.Event()) == 1
+    db.close()
+    meta = log.metas()[1]
+    assert meta["recipe"]["consolidate"]["method"] == method
+    assert len(calls) == passes * meta["steps"]
+    tuned, after = adapter_model(log.home, 1), log.rows()
+    moved = {i: total_logp(tuned, after[i]) - total_logp(lm[1], after[i]) for i in labels}
+    good = [d for i, d in moved.items() if labels[i]]
+    bad = [d for i, d in moved.items() if not labels[i]]
+    assert sum(good) / len(good) > 0.5 and sum(bad) / len(bad) < -0.5, moved
+
+
 def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path, monkeypatch,
                                                                     capsys):
     """With a hint on each -1 turn (the user's words), the base model shown the hint writes its

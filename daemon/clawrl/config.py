@@ -208,8 +208,10 @@ class ConsolidateConfig:
     min_new: int = _f(50, "judged turns that must have arrived since the last consolidation before "
                       "a scheduled one runs", minimum=1)
     window: int = _f(500, "the newest judged (+1 or -1) turns a consolidation trains on", minimum=2)
-    method: str = _f("kto", "kto: TRL's KTOTrainer on +1 (desirable) and -1 (undesirable) turns",
-                     choices=("kto",))
+    method: str = _f("kto", "kto: TRL's KTOTrainer on +1 (desirable) and -1 (undesirable) turns; "
+                     "apo-zero: the same trainer with TRL's unpaired APO-zero loss, which drops "
+                     "KTO's KL reference point and with it two of a step's five passes",
+                     choices=("kto", "apo-zero"))
     epochs: float = _f(1.0, "passes over the window", minimum=0.01)
     min_steps: int = _f(30, "optimizer steps at least: a small window is passed over more often, so "
                         "a fresh adapter learns what the online one had learned", minimum=1)

@@ -45,6 +45,9 @@ from .teacher import pick_hint
 
 REQUEST = "CONSOLIDATE"         # `clawrl consolidate` asks a running trainer to run one now
 METHOD = "consolidate-kto"      # meta.json's method of a consolidated version
+# consolidate.method -> TRL's KTOConfig.loss_type. APO-zero (unpaired) is KTO's loss with the KL
+# reference point held at 0: no mismatched pairs to read, so a step is three passes, not five.
+LOSS_TYPES = {"kto": "kto", "apo-zero": "apo_zero_unpaired"}
 
 
 class NothingToConsolidate(ClawrlError):
@@ -262,7 +265,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         raise
     good = sum(e.desirable for e in window)
     say(f"consolidating {len(window)} judged turns ({good} good, {len(window) - good} bad; "
-        f"turns {window[0].id}..{last_id}) into a fresh adapter with TRL {c.method.upper()}")
+        f"turns {window[0].id}..{last_id}) into a fresh adapter with TRL's KTOTrainer ({LOSS_TYPES[c.method]} loss)")
     staging = root / f".tmp-consolidate-{os.getpid()}"
     from .. import models
     model_path = models.model_dir(cfg)
@@ -424,6 +427,7 @@ def _kto_trainer(cfg: Config, model, tokenizer, window: list[Example], staging: 
     args = KTOConfig(
         output_dir=str(staging), per_device_train_batch_size=c.batch_size,
         max_steps=steps, learning_rate=c.lr, beta=c.beta, lr_scheduler_type="linear",
+        loss_type=LOSS_TYPES[c.method],
         desirable_weight=_weights(window), undesirable_weight=1.0,
         max_length=c.max_prompt_tokens + c.max_completion_tokens,
         max_grad_norm=t.max_grad_norm or 1.0, logging_steps=1, save_strategy="no", report_to=[],
