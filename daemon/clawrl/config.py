@@ -201,9 +201,11 @@ class TrainConfig:
 
 @dataclass
 class ConsolidateConfig:
-    when: str = _f("idle", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
-                   '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`); never with '
-                   'engine.kind = "tinker", which serves only what Tinker trained')
+    when: str = _f("off", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
+                   '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`; the default, '
+                   'as a fresh adapter has lost much of what online training learned in one '
+                   'measured run of two); never with engine.kind = "tinker", which serves only '
+                   'what Tinker trained')
     idle_minutes: float = _f(60.0, "with when = idle: minutes without a request first", minimum=1.0)
     min_new: int = _f(50, "judged turns that must have arrived since the last consolidation before "
                       "a scheduled one runs", minimum=1)
