@@ -95,8 +95,9 @@ def _dry_run(cfg, db, root, window, consolidate, schedule) -> int:
                                     if last else "none"))
     kind, _ = schedule(cfg.consolidate.when)
     why = consolidate.due(cfg, db, root)
-    print(f"schedule: {cfg.consolidate.when}" + ("" if kind == "off" else
-                                                 f"; {'due: ' + why if why else 'not due'}"))
+    print(f"schedule: {cfg.consolidate.when}" + (
+        " (only this command runs one; consolidate.when = \"idle\" or \"daily HH:MM\" schedules it)"
+        if kind == "off" else f"; {'due: ' + why if why else 'not due'}"))
     return 0
 
 
