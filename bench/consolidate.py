@@ -45,6 +45,7 @@ from pathlib import Path
 import httpx
 
 from clawrl.evals.child import DaemonChild
+from clawrl.learn.consolidate import LOSS_TYPES
 
 from common import emit, env_for  # noqa: E402  (bench/ is on sys.path)
 
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--products", choices=("float32", "bfloat16"), default="float32",
                     help="consolidate.cpu_products: the frozen base's products on a CPU (default float32)")
-    ap.add_argument("--method", choices=("kto", "apo-zero"), default="kto",
+    ap.add_argument("--method", choices=sorted(LOSS_TYPES), default="kto",
                     help="consolidate.method: TRL's KTO loss, or its unpaired APO-zero (default kto)")
     ap.add_argument("--no-hints", action="store_true",
                     help="no hint on the -1 turns, so the hinted teacher writes nothing")

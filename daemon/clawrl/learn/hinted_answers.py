@@ -3,12 +3,13 @@
 Online, on-policy distillation moves every token of a -1 answer toward what the teacher (the
 frozen base model shown the request with the user's words as a hint, learn/teacher.py) would
 have said. A sequence-level +1/-1 cannot carry that: a fresh KTO adapter trained on the judged
-turns alone kept what the online adapter had learned on one window of three
+turns alone (at lr 1e-4) kept what the online adapter had learned on one window of three, and
+at the default lr 3e-4 it still lost most of it on a window of nearly all corrections
 (bench/RESULTS-consolidate.md). So, with `consolidate.teacher_answers`, before KTO runs the
 teacher writes its own answer to each -1 turn's request once, and that answer joins the window
 as a desirable example under the *original* prompt: KTO then raises the answer the hint asked
-for, where the served one is only lowered. (Measured mixed against a higher learning rate, and
-costly on a CPU, so it is off by default: bench/RESULTS-consolidate.md.)
+for, where the served one is only lowered. (Measured mixed on balanced windows, helpful on
+windows of nearly all corrections, and costly on a CPU, so it is off by default.)
 
 An answer the teacher did not finish within the completion budget is left out (a cut-off answer
 is not one it prefers as a whole), and so is an empty one or one equal to the served answer.
