@@ -3,8 +3,9 @@ consolidated once per path, and each fresh adapter is served and scored on the p
 prompts, beside the online adapter the log already had. One window and the same sampling seeds
 for every adapter, so the paths differ in nothing else.
 
-A path is a `consolidate.cpu_products` value (float32, bfloat16), with `+teacher` or `-teacher`
-for `consolidate.teacher_answers` on or off (off when not named, the setting of the earlier A/B).
+A path is a `consolidate.cpu_products` value (float32, bfloat16), with `+teacher` (every corrected
+turn), `+balance` (as many as even the window's labels) or `-teacher` (none) for
+`consolidate.teacher_answers` (none when not named, the setting of the earlier A/B).
 
 HOME is a daemon home kept by an eval (`clawrl eval --work DIR` keeps DIR/<persona>-<method>-<seed>;
 without --work the eval's temporary folder is kept too). It is copied, never changed.
@@ -62,7 +63,8 @@ def consolidate(home: Path, path: str, extra: dict[str, str]) -> dict:
     products, _, teacher = path.partition("+")
     products = products.removesuffix("-teacher")
     settings = {"CLAWRL_CONSOLIDATE_CPU_PRODUCTS": products,
-                "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": "true" if teacher == "teacher" else "false",
+                "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": {"teacher": "always", "balance": "balance"}.get(
+                    teacher, "off"),
                 **extra}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "clawrl", "consolidate"],

@@ -162,7 +162,7 @@ def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path
         return written[-1]
     monkeypatch.setattr(hinted_answers, "write", spy)
     log, labels = judged_log(lm, tmp_path, consolidate_max_completion_tokens="48",
-                             consolidate_teacher_answers="true")
+                             consolidate_teacher_answers="always")
     hinted = {i: log.add(served(lm, q), judge_score=-1, judge_hint="Way too long. One word only.")
               for i, q in enumerate(QUESTIONS)}
     db = connect(log.cfg.db_path)
@@ -194,7 +194,7 @@ def test_the_hinted_teachers_answers_join_the_window_and_are_raised(lm, tmp_path
     assert added == len(answers) and len(written) == 1
     assert {e.id: e.response_ids for e in window if e.teacher} == {i: a for i, a in answers.items() if a}
 
-    off = load_config(env={**log.env, "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": "false"})
+    off = load_config(env={**log.env, "CLAWRL_CONSOLIDATE_TEACHER_ANSWERS": "off"})
     window = consolidate.examples(db, 100)
     assert consolidate._add_teacher_answers(off, db, model_path, lm[1], lm[0], window,
                                             threading.Event(), lambda _: None, lambda _: None) == 0

@@ -232,11 +232,16 @@ class ConsolidateConfig:
                            "or bfloat16 where the CPU multiplies it natively (AVX512-BF16 or "
                            "AMX; about 1.6x faster steps; elsewhere float32 is used)",
                            choices=("float32", "bfloat16"))
-    teacher_answers: bool = _f(False, "before KTO, the base model shown each -1 turn's hint (the "
-                               "user's words) writes its own answer, which joins the window as a "
-                               "desirable example (what on-policy distillation teaches online, as "
-                               "whole answers); measured mixed, and 3-5 s a corrected turn on 2 CPU "
-                               "cores the first time, so off unless asked for")
+    teacher_answers: str = _f("balance", "before KTO, the base model shown a -1 turn's hint (the "
+                              "user's words) writes its own answer, which joins the window as a "
+                              "desirable example (what on-policy distillation teaches online, as "
+                              "whole answers). balance: only where the window holds more -1 than "
+                              "+1 turns, for the newest corrected turns, as many as it takes to "
+                              "even the two (on a window of nearly all corrections a fresh adapter "
+                              "lost what online training had learned, and these answers gave it "
+                              "back; on balanced windows they were mixed); always: every corrected "
+                              "turn; off: none. 3-5 s an answer on 2 CPU cores, once per turn",
+                              choices=("balance", "always", "off"))
 
 
 @dataclass

@@ -360,16 +360,16 @@ def _base(cfg: Config, model_path: Path):
 def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, model, tokenizer,
                          window: list[Example], stop: threading.Event,
                          progress: Callable[[dict], None], say: Callable[[str], None]) -> int:
-    """With consolidate.teacher_answers, the hinted teacher's own answer to each -1 turn that has
-    a hint joins `window` (in place) as a desirable example (learn/hinted_answers.py); how many.
-    Answers kept in the turn log from an earlier run are read back; new ones are kept there."""
+    """The hinted teacher's own answers to the -1 turns that `teacher_asked` picks join `window`
+    (in place) as desirable examples (learn/hinted_answers.py); how many. Answers kept in the
+    turn log from an earlier run are read back; new ones are kept there."""
     import torch
 
     from ..models import model_hash
     from . import hinted_answers as teach
     c = cfg.consolidate
-    asked = [e for e in window if not e.desirable and e.hint and e.request]
-    if not c.teacher_answers or not asked:
+    asked = teacher_asked(window, c.teacher_answers)
+    if not asked:
         return 0
     digest = model_hash(model_path)
     if cfg.engine.train_gpus and torch.cuda.is_available():
@@ -403,6 +403,23 @@ def _add_teacher_answers(cfg: Config, db: sqlite3.Connection, model_path: Path, 
         f"{len(answers) - len(wanted)} kept from before, {len(wanted)} written in "
         f"{time.time() - t0:.0f} s; {len(kept)} join the window (the rest were cut off or empty)")
     return len(kept)
+
+
+def teacher_asked(window: list[Example], mode: str) -> list[Example]:
+    """The -1 turns (with a hint and the request) whose teacher answers join the window, oldest
+    first. consolidate.teacher_answers = "always": all of them; "off": none; "balance": only as
+    many as the window has more -1 than +1 turns, the newest first (they say what the user wants
+    now). A window of nearly all corrections is where a fresh adapter lost what online training
+    had learned, and where these answers gave it back; on balanced windows they were mixed
+    (bench/RESULTS-consolidate.md), so there "balance" asks for none."""
+    hinted = [e for e in window if not e.desirable and e.hint and e.request]
+    if mode == "always":
+        return hinted
+    if mode == "off":
+        return []
+    good = sum(e.desirable for e in window)
+    gap = len(window) - 2 * good          # bad - good
+    return hinted[max(0, len(hinted) - gap):] if gap > 0 else []
 
 
 def _kto_trainer(cfg: Config, model, tokenizer, window: list[Example], staging: Path, watch):

@@ -5,11 +5,12 @@ frozen base model shown the request with the user's words as a hint, learn/teach
 have said. A sequence-level +1/-1 cannot carry that: a fresh KTO adapter trained on the judged
 turns alone (at lr 1e-4) kept what the online adapter had learned on one window of three, and
 at the default lr 3e-4 it still lost most of it on a window of nearly all corrections
-(bench/RESULTS-consolidate.md). So, with `consolidate.teacher_answers`, before KTO runs the
-teacher writes its own answer to each -1 turn's request once, and that answer joins the window
-as a desirable example under the *original* prompt: KTO then raises the answer the hint asked
-for, where the served one is only lowered. (Measured mixed on balanced windows, helpful on
-windows of nearly all corrections, and costly on a CPU, so it is off by default.)
+(bench/RESULTS-consolidate.md). So, before KTO runs, the teacher writes its own answer to a -1
+turn's request once, and that answer joins the window as a desirable example under the
+*original* prompt: KTO then raises the answer the hint asked for, where the served one is only
+lowered. Measured helpful on windows of nearly all corrections, mixed on balanced ones, and
+costly on a CPU; so by default only a window with more -1 than +1 turns gets them, as many as
+even its labels (`consolidate.teacher_answers`, learn/consolidate.teacher_asked).
 
 An answer the teacher did not finish within the completion budget is left out (a cut-off answer
 is not one it prefers as a whole), and so is an empty one or one equal to the served answer.

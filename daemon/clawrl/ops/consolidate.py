@@ -80,11 +80,12 @@ def _dry_run(cfg, db, root, window, consolidate, schedule) -> int:
     good = sum(e.desirable for e in ex)
     print(f"window: {len(ex)} judged turns (of at most {size}): {good} good, {len(ex) - good} bad"
           + (f"; turns {ex[0].id}..{ex[-1].id}" if ex else ""))
-    hinted = [e for e in ex if not e.desirable and e.hint and e.request]
-    if hinted and cfg.consolidate.teacher_answers:
+    hinted = consolidate.teacher_asked(ex, cfg.consolidate.teacher_answers)
+    if hinted:
         kept = sum(bool(e.kept) for e in hinted)
         print(f"the hinted teacher answers {len(hinted)} corrected turns ({kept} answers kept from "
-              "an earlier run are read back when the model and hint are the same)")
+              "an earlier run are read back when the model and hint are the same; "
+              f"consolidate.teacher_answers = {cfg.consolidate.teacher_answers})")
     try:
         consolidate.check_window(ex, cfg.consolidate.batch_size)
         print("it would train a fresh adapter from them")
