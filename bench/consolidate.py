@@ -12,7 +12,8 @@ people write), rendered with the model's chat template, at the lengths of one of
 Each -1 turn carries a hint, as the probe judge records one (the user's words): a correction from
 the same corpus. So the run includes the hinted teacher writing its answers where
 `consolidate.teacher_answers` asks for them (by default, as many as the window has more -1 than +1
-turns: a few here, as the labels are drawn about half each); `--no-hints` leaves the hints out (the earlier runs' log).
+turns: a few here, as the labels are drawn about half each); `--no-hints` leaves the hints out
+(the earlier runs' log).
 The run itself is the real command, `clawrl consolidate`, in a child process: TRL's KTOTrainer at
 the recipe's settings.
 

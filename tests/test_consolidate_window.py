@@ -15,7 +15,8 @@ REQUEST = {"messages": [{"role": "user", "content": "Tell me about tides."}]}
 
 def window(labels: str, hintless: set[int] = frozenset(), requestless: set[int] = frozenset()):
     """One example per character, oldest first: '+' a turn judged +1, '-' one judged -1 (with the
-    user's words as its hint unless its index is in `hintless`)."""
+    user's words as its hint unless its index is in `hintless`); every turn keeps its request
+    unless its index is in `requestless`."""
     return [Example(i, [1, 2], [3], c == "+",
                     hint=None if c == "+" or i in hintless else f"shorter please ({i})",
                     request=None if i in requestless else REQUEST)

@@ -204,8 +204,8 @@ class ConsolidateConfig:
     when: str = _f("off", 'when a scheduled consolidation runs: "idle" (no request for idle_minutes), '
                    '"daily HH:MM" (local time), or "off" (only `clawrl consolidate`; the default, '
                    'until a fresh adapter is measured to keep what online training learned on '
-                   'more than one kind of preference); never with engine.kind = "tinker", which serves only '
-                   'what Tinker trained')
+                   'more than one kind of preference); never with engine.kind = "tinker", which '
+                   'serves only what Tinker trained')
     idle_minutes: float = _f(60.0, "with when = idle: minutes without a request first", minimum=1.0)
     min_new: int = _f(50, "judged turns that must have arrived since the last consolidation before "
                       "a scheduled one runs", minimum=1)
