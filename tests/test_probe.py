@@ -58,9 +58,9 @@ def test_the_template_head_is_read_once_and_changes_no_reading(model_dir):
     general = probe.Reader(model_dir, products=torch.float32, packed=False)
     assert r.packed is not None and r.model is None and general.packed is None
     m = probe.exchange("What is 7 times 8?", "7 times 8 is 54.", "no, it's 56")
-    ids, n, prompt, cached = r._ids(m)
+    ids, n, prompt, past = r._ids(m)
     plain, whole = r._render(m), r._render(m, prompt=True)
-    assert cached and len(r._head_ids) > 5 and whole == r._head_ids + ids
+    assert past is r._head_kv and len(r._head_ids) > 5 and whole == r._head_ids + ids
     assert prompt == len(whole) - len(plain) > 0 and whole[:len(plain)] == plain
     averaged = r.tokenizer.decode(plain[len(plain) - n:])   # the reply's turn, nothing before it
     assert "no, it's 56" in averaged and "54" not in averaged
@@ -77,6 +77,48 @@ def test_the_template_head_is_read_once_and_changes_no_reading(model_dir):
     # The stored head is never extended by a reading.
     for reader in (r, general):
         assert all(k.shape[-2] == len(r._head_ids) for k, _ in reader._head_kv)
+
+
+def test_the_reply_alone_is_read_after_a_stored_start_that_changes_no_reading(model_dir):
+    """The reply-alone view (probe.alone: after the neutral exchange) reads only the reply and the
+    generation prompt, after the stored keys and values of the neutral exchange: the same row as
+    transformers' forward over the whole exchange from scratch, through both readers."""
+    import torch
+    r = probe.Reader(model_dir, products=torch.float32)
+    general = probe.Reader(model_dir, products=torch.float32, packed=False)
+    m = probe.alone("no, it's 56")
+    ids, n, prompt, past = r._ids(m)
+    whole = r._render(m, prompt=True)
+    assert past is r._alone_kv and len(r._alone_ids) > len(r._head_ids) + 5
+    assert whole == r._alone_ids + ids and len(ids) == n + prompt and "no, it's 56" in r.tokenizer.decode(ids)
+    # The reply's turn is what is averaged, as in context.
+    assert n == r._ids(probe.exchange("What is 7 times 8?", "54.", "no, it's 56"))[1]
+    with torch.inference_mode():
+        hidden = general.model(input_ids=torch.tensor([whole]), output_hidden_states=True).hidden_states
+    end = len(whole) - prompt
+    parts = [hidden[layer][0, end - 1] for layer in r.last_at]
+    parts += [hidden[layer][0, end - n:end].mean(0) for layer in r.mean_at]
+    parts += [hidden[layer][0, -1] for layer in r.prompt_at]
+    for reader in (r, general):
+        assert torch.allclose(reader.read_one(m), torch.cat(parts), atol=1e-4)
+        assert all(k.shape[-2] == len(r._alone_ids) for k, _ in reader._alone_kv)
+
+
+def test_a_judgment_votes_on_the_mean_of_the_reply_in_context_and_alone(fitted):
+    """The head's probabilities are averaged over the two views of each reply, and its
+    thresholds were chosen on dev's averaged probabilities."""
+    import torch
+    assert fitted.head.meta.views == probe.VIEWS == ["context", "alone"]
+    q, a = "What is 17 times 3?", "17 times 3 is 41, since 17 times 2 is 34 and 34 plus 7 is 41."
+    replies = ["hold on, that can't be right. can you double-check?", "perfect, thanks!"]
+    ctx = fitted.head.probs(fitted.reader.features([probe.exchange(q, a, t) for t in replies]))
+    alone = fitted.head.probs(fitted.reader.features([probe.alone(t) for t in replies]))
+    assert not torch.allclose(ctx, alone, atol=1e-3)
+    for (vote, why), c, s in zip(fitted.read(q, a, replies), ctx.tolist(), alone.tolist()):
+        mean = [(x + y) / 2 for x, y in zip(c, s)]
+        assert why.startswith("probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f}".format(*mean))
+        assert vote == probe.decide(torch.tensor([mean]), fitted.head.meta.threshold,
+                                    fitted.head.meta.approval_threshold)[0]
 
 
 def test_bfloat16_products_read_what_float32_reads(fitted, model_dir):
@@ -229,6 +271,13 @@ def test_a_corrupt_head_is_refitted(fitted, model_dir, tmp_path):
     (folder / "meta.json").write_text(json.dumps(meta))
     again, _ = probe_fit.ensure_head(model_dir, models, reader=fitted.reader)
     assert again.meta.created_at > head.meta.created_at and again.meta.rule == probe.THRESHOLD_RULE
+    # And a head that reads the reply in context only (its meta names no views, or only that).
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["views"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert probe.Head.load(folder).meta.views == ["context"]
+    third, _ = probe_fit.ensure_head(model_dir, models, reader=fitted.reader)
+    assert third.meta.created_at > again.meta.created_at and third.meta.views == probe.VIEWS
     # A head fitted on another corpus is refitted too.
     data = tmp_path / "data"
     data.mkdir()

@@ -144,7 +144,8 @@ def cmd_train(args, cfg) -> int:
     m = head.meta
     print(f"probe head for {reader.model_dir.name} ({m.model_hash}) fitted on {m.train_lines} "
           f"lines (the regression took {m.fit_s:.0f} s): layers {m.layers}, L2 {m.l2:g}, "
-          f"threshold {m.threshold:.2f} (corrections) / {m.approval_threshold:.2f} (approvals)")
+          f"threshold {m.threshold:.2f} (corrections) / {m.approval_threshold:.2f} (approvals), "
+          f"judging by the mean of the readings {' and '.join(m.views)}")
     print("  on the dev split: " + ", ".join(f"{k} {v:.3f}" for k, v in m.dev.items()))
     print(f"  saved in {probe_fit.head_folder(cfg.models_dir, m.model_hash)}")
     return 0

@@ -6,10 +6,12 @@ reply, then the generation prompt of the assistant's next turn); at every other 
 model's first two thirds, the hidden state of the reply's last token, the reply's mean hidden
 state and the state where the assistant would begin its next answer (the generation prompt's last
 token) are the feature vector; a multinomial logistic head, fitted on the
-feedback corpus's train split, gives p(-1), p(0), p(+1). A vote is cast only when its
-probability reaches its class's threshold, chosen on the dev split, so unsure readings answer 0
-and never train. Tool results keep the rules judge's structured reading (JSON fields, exit
-codes), and on -1 the user's own words are the hint.
+feedback corpus's train split, gives p(-1), p(0), p(+1). The reply is read twice, in its context
+and alone (after a neutral one-question exchange), and a judgment takes the mean of the two
+readings' probabilities (VIEWS says why). A vote is cast only when that probability reaches its
+class's threshold, chosen on the dev split, so unsure readings answer 0 and never train. Tool
+results keep the rules judge's structured reading (JSON fields, exit codes), and on -1 the user's
+own words are the hint.
 
 It owns the features, the head (what it computes, save, load) and the `ProbeJudge`. Fitting a
 head, where it lives and when it is refitted are judge/probe_fit.py's; the judging loop only calls
@@ -26,7 +28,7 @@ import shutil
 import threading
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -38,6 +40,7 @@ from ..errors import ClawrlError
 from ..engines.packed import PackedModel, rms_norm, supported
 from ..models import bf16_supported
 from ..types import JudgeInput, Judgment
+from .corpus import NEUTRAL_CONTEXT
 from .judges import combine, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
@@ -69,6 +72,22 @@ THRESHOLD_RULE = "recall-floors-1"
 RECALL_FLOORS = (0.85, 0.80)     # corrections, approvals
 MAX_WRONG_SIGN = 0.05
 WRONG_SIGN_COST = 3
+# The readings a judgment averages the head's probabilities over: the reply in context (after the
+# question and the answer's tail) and the reply alone (after the neutral one-question exchange).
+# In context the head also reads the answer, and it learnt from the corpus, whose answers were
+# written to fit their labels, that an answer that looks right is thanked: after a small model's
+# long, confident and wrong answers it read corrections such as "that can't be right. Can you
+# double-check?" as approvals, or abstained. Against simulated users (bench/judge_agreement.py:
+# recorded eval turns, judged against whether the user was satisfied), the mean of the two
+# readings agreed on 0.933 of 826 turns against 0.895 in context alone (student 0.85 against
+# 0.69, teacher 0.91 against 0.68), and on held-out fresh turns teacher 0.85 against 0.60,
+# student 0.65 against 0.50, yesno 0.925 for both. The corpus's splits pay a little: wrong
+# signs 3.1 % against 2.7 % on dev, 3.0 % against 2.4 % on test. The reply alone is no reading
+# by itself: it finds 0.69 of dev's corrections. Its start is read once (Reader), so the second
+# reading costs the reply's turn and the generation prompt. A head without ALONE in its views
+# is refitted.
+CONTEXT, ALONE = "context", "alone"
+VIEWS = [CONTEXT, ALONE]
 # How long a judgment waits for the engine's worker to take it (judge/loop.py) before it is read
 # on a thread of its own: a decode pass takes tens of milliseconds, a long prefill minutes.
 LEND_WAIT_S = 2.0
@@ -92,6 +111,13 @@ def exchange(question: str, answer: str, reply: str) -> list[dict]:
     msgs = [{"role": "user", "content": _head_tail(question, QUESTION_CHARS)}] if question else []
     return msgs + [{"role": "assistant", "content": _head_tail(answer, ANSWER_CHARS, True) or "…"},
                    {"role": "user", "content": _head_tail(reply, REPLY_CHARS)}]
+
+
+def alone(reply: str) -> list[dict]:
+    """The reply's other reading: after the neutral one-question exchange (the one a judge is
+    given for a labelled line without context), so that what it says is read apart from the
+    answer it follows."""
+    return exchange(NEUTRAL_CONTEXT[0]["content"], NEUTRAL_CONTEXT[1]["content"], reply)
 
 
 def read_layers(depth: int) -> tuple[int, ...]:
@@ -148,6 +174,7 @@ class Reader:
             if self.products != self.dtype:
                 products_in(self.model.layers, self.products)
         self._head_ids, self._head_kv = self._template_head()
+        self._alone_ids, self._alone_kv = self._alone_prefix()
         self._prompt_ids = self._prompt_suffix()
 
     @property
@@ -169,26 +196,41 @@ class Reader:
             ids = ids["input_ids"]
         return list(ids)
 
-    @torch.inference_mode()
-    def _template_head(self):
-        """The tokens every rendered exchange starts with, and their keys and values per layer."""
-        a = self._render([{"role": "user", "content": "a"}])
-        b = self._render([{"role": "assistant", "content": "b"}])
+    def _common_start(self, a: list[dict], b: list[dict]) -> list[int]:
+        """The tokens that the renders of two exchanges, differing in their last message, share."""
+        x, y = self._render(a), self._render(b)
         n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
+        while n < min(len(x), len(y)) and x[n] == y[n]:
             n += 1
-        if n == 0:
-            return [], []
+        return x[:n]
+
+    @torch.inference_mode()
+    def _keys_values(self, ids: list[int], past=None) -> list:
+        """Each layer's keys and values of `ids` read after `past` (past's included)."""
         if self.packed is not None:
-            return a[:n], self.packed.read(a[:n])[1]
-        from transformers import DynamicCache
+            return self.packed.read(ids, past)[1]
         from transformers.cache_utils import DynamicLayer
         assert self.model is not None
-        cache = DynamicCache()
-        self.model(input_ids=torch.tensor([a[:n]]), cache=cache, use_cache=True)
+        cache = self._cache_of(past or [])
+        self.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
         # Cache.layers is typed for any model's layers; a DynamicCache() built without a config only holds these
         layers = cast(list[DynamicLayer], cache.layers[:len(self.model.layers)])
-        return a[:n], [(layer.keys, layer.values) for layer in layers]
+        return [(layer.keys, layer.values) for layer in layers]
+
+    def _template_head(self):
+        """The tokens every rendered exchange starts with, and their keys and values per layer."""
+        ids = self._common_start([{"role": "user", "content": "a"}], [{"role": "assistant", "content": "b"}])
+        return (ids, self._keys_values(ids)) if ids else ([], [])
+
+    def _alone_prefix(self):
+        """The tokens of the reply-alone reading (`alone`) before the reply's turn (the neutral
+        exchange), and their keys and values: the same in every such reading, so it reads only
+        the reply's turn and the generation prompt, the tokens it reads in context too."""
+        ids, whole = self._render(alone("a")[:-1]), self._render(alone("a"))
+        head = len(self._head_ids)
+        if not head or len(ids) <= head or ids[:head] != self._head_ids or whole[:len(ids)] != ids:
+            return [], []
+        return ids, self._keys_values(ids[head:], self._head_kv)
 
     def _prompt_suffix(self) -> list[int] | None:
         """The generation prompt's tokens where the template appends the same ones to every
@@ -201,20 +243,22 @@ class Reader:
             suffixes.append(ids[len(plain):] if ids[:len(plain)] == plain else None)
         return suffixes[0] if suffixes[0] and suffixes[0] == suffixes[1] else None
 
-    def _head_cache(self):
-        """A fresh cache holding the template's head: a reading appends to it by concatenation,
-        so the stored keys and values are never changed and readings may run at once."""
+    @staticmethod
+    def _cache_of(kv: list):
+        """A fresh cache holding stored keys and values: a reading appends to it by
+        concatenation, so the stored ones are never changed and readings may run at once."""
         from transformers import DynamicCache
         cache = DynamicCache()
-        for i, (k, v) in enumerate(self._head_kv):
+        for i, (k, v) in enumerate(kv):
             cache.update(k, v, i)
         return cache
 
-    def _ids(self, messages: list[dict]) -> tuple[list[int], int, int, bool]:
-        """The exchange's token ids, generation prompt included, after the template's head
-        (cut from the left to fit MAX_TOKENS); how many of them the reply takes; how many the
-        generation prompt takes (0 for a template whose prompt does not extend the exchange);
-        and whether the head was cut off (so its cache goes first)."""
+    def _ids(self, messages: list[dict]) -> tuple[list[int], int, int, list | None]:
+        """The exchange's token ids, generation prompt included, after the longest stored start
+        it begins with (the reply-alone reading's, or the template's head), cut from the left to
+        fit MAX_TOKENS; how many of them the reply takes; how many the generation prompt takes
+        (0 for a template whose prompt does not extend the exchange); and the stored keys and
+        values they follow (None: read from the first token, the start was cut off)."""
         plain = self._render(messages)
         ids = plain + self._prompt_ids if self._prompt_ids is not None else \
             self._render(messages, prompt=True)
@@ -222,31 +266,33 @@ class Reader:
         if not prompt:
             ids = plain
         reply = len(plain) - len(self._render(messages[:-1]))
-        head = len(self._head_ids)
-        cached = head > 0 and ids[:head] == self._head_ids
-        rest = ids[head:][-(MAX_TOKENS - head):] if cached else ids[-MAX_TOKENS:]
-        return rest, max(1, min(reply, len(rest) - prompt)), prompt, cached
+        rest, past = ids[-MAX_TOKENS:], None
+        for start, kv in ((self._alone_ids, self._alone_kv), (self._head_ids, self._head_kv)):
+            if start and ids[:len(start)] == start:
+                rest, past = ids[len(start):][-(MAX_TOKENS - len(start)):], kv
+                break
+        return rest, max(1, min(reply, len(rest) - prompt)), prompt, past
 
     @torch.inference_mode()
-    def _hidden(self, ids: list[int], cached: bool) -> dict[int, torch.Tensor]:
-        """The hidden states [len(ids), hidden] after each layer read, `ids` following the
-        template's head when `cached`. The deepest is taken after the model's final norm: that is
-        how transformers reports a cut model's last hidden state, and what heads were fitted on."""
+    def _hidden(self, ids: list[int], past: list | None) -> dict[int, torch.Tensor]:
+        """The hidden states [len(ids), hidden] after each layer read, `ids` following the stored
+        keys and values `past`. The deepest is taken after the model's final norm: that is how
+        transformers reports a cut model's last hidden state, and what heads were fitted on."""
         if self.packed is not None:
             deepest = max(self.layers)
-            hidden, _ = self.packed.read(ids, self._head_kv if cached else None, set(self.layers))
+            hidden, _ = self.packed.read(ids, past, set(self.layers))
             hidden[deepest] = rms_norm(hidden[deepest], self.packed.norm, self.packed.eps)
             return hidden
         assert self.model is not None
-        kw = {"cache": self._head_cache(), "use_cache": True} if cached else {}
+        kw = {"cache": self._cache_of(past), "use_cache": True} if past else {}
         states = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True, **kw).hidden_states
         return {layer: states[layer][0] for layer in set(self.layers)}
 
     def read_one(self, messages: list[dict]) -> torch.Tensor:
         """One exchange's feature row: the reply's last token, the reply's mean and the
         generation prompt's last token, each at every layer read, concatenated."""
-        ids, n, prompt, cached = self._ids(messages)
-        hidden = self._hidden(ids, cached)
+        ids, n, prompt, past = self._ids(messages)
+        hidden = self._hidden(ids, past)
         end = len(ids) - prompt            # one past the reply's last token
         parts = [hidden[layer][end - 1] for layer in self.last_at]
         parts += [hidden[layer][end - n:end].mean(0) for layer in self.mean_at]
@@ -283,6 +329,7 @@ class HeadMeta:
     fit_s: float
     created_at: float
     rule: str = ""            # THRESHOLD_RULE when it was fitted
+    views: list[str] = field(default_factory=lambda: ["context"])   # the readings it averages (VIEWS)
 
 
 class Head:
@@ -293,6 +340,10 @@ class Head:
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(((x - self.mean) / self.std) @ self.weight.T + self.bias, dim=-1)
+
+    def probs_of(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """The probabilities a judgment votes on: the mean of each view's (VIEWS, rows aligned)."""
+        return torch.stack([self.probs(x) for x in views]).mean(0)
 
     def save(self, folder: Path) -> None:
         """Written to a temp folder, then renamed into place: never half a head."""
@@ -366,10 +417,12 @@ class ProbeJudge:
         self._one_at_a_time: asyncio.Lock | None = None
 
     def read(self, question: str, answer: str, replies: list[str]) -> list[tuple[int, str]]:
-        """(vote, reason) per reply, each read through the base model."""
-        probs = self.head.probs(self.reader.features([exchange(question, answer, r)
-                                                      for r in replies]))
+        """(vote, reason) per reply, each read through the base model in the head's views."""
         m = self.head.meta
+        views = [self.reader.features([exchange(question, answer, r) for r in replies])]
+        if ALONE in m.views:
+            views.append(self.reader.features([alone(r) for r in replies]))
+        probs = self.head.probs_of(views)
         votes = decide(probs, m.threshold, m.approval_threshold)
         return [(v, "probe p(-1)={:.2f} p(0)={:.2f} p(+1)={:.2f} thresholds {:.2f}/{:.2f}".format(
                  *p, m.threshold, m.approval_threshold)) for v, p in zip(votes, probs.tolist())]

@@ -25,8 +25,9 @@ import torch
 from ..models import model_hash
 from . import corpus, probe_workers
 from .corpus import metrics
-from .probe import (FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS, THRESHOLD_RULE,
-                    WRONG_SIGN_COST, Head, HeadMeta, ProbeError, Reader, decide, exchange)
+from .probe import (CONTEXT, FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS,
+                    THRESHOLD_RULE, VIEWS, WRONG_SIGN_COST, Head, HeadMeta, ProbeError, Reader, alone,
+                    decide, exchange)
 
 log = logging.getLogger("clawrl.probe")
 
@@ -101,16 +102,21 @@ def _choose_thresholds(probs: torch.Tensor, gold: list[int]) -> tuple[float, flo
 
 
 def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, reader_key: dict,
-             model_hash: str, corpus_print: str, progress=None) -> Head:
-    """A head from features of labelled examples: L2 strength and threshold chosen on `dev`."""
+             model_hash: str, corpus_print: str, progress=None,
+             x_dev_alone: torch.Tensor | None = None) -> Head:
+    """A head from features of labelled examples (read in context): L2 strength and thresholds
+    chosen on `dev`, on the probabilities a judgment votes on. With `x_dev_alone` (dev's replies
+    read alone, probe.alone) the head judges by the mean of both readings (probe.VIEWS)."""
     t0 = time.time()
+    views = VIEWS if x_dev_alone is not None else [CONTEXT]
+    dev_views = [x_dev] if x_dev_alone is None else [x_dev, x_dev_alone]
     say = progress or (lambda msg: None)
     y_tr, gold_dev = _labels_index([e.label for e in train]), [e.label for e in dev]
     if len(set(y_tr.tolist())) < 3 or len(set(gold_dev)) < 3:
         raise ProbeError("the probe needs every label (-1, 0, +1) in both train and dev data")
     mean, std = x_tr.mean(0), x_tr.std(0).clamp(min=1e-4)
-    z_tr, z_dev = (x_tr - mean) / std, (x_dev - mean) / std
-    best: tuple[float, float, torch.Tensor, torch.Tensor] | None = None
+    z_tr = (x_tr - mean) / std
+    best: tuple[float, float, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     basis = _row_space(z_tr)
     for l2 in L2_GRID:
         if basis is None:
@@ -118,18 +124,18 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
         else:
             c, b = _fit(basis[1], y_tr, l2)
             w = c @ basis[0].T
-        loss = torch.nn.functional.cross_entropy(z_dev @ w.T + b, _labels_index(gold_dev)).item()
+        probs = torch.stack([torch.softmax(((x - mean) / std) @ w.T + b, dim=-1) for x in dev_views]).mean(0)
+        loss = torch.nn.functional.nll_loss(probs.clamp(min=1e-12).log(), _labels_index(gold_dev)).item()
         say(f"L2 {l2:g}: dev log-loss {loss:.3f}")
         if best is None or loss < best[0]:
-            best = (loss, l2, w, b)
+            best = (loss, l2, w, b, probs)
     assert best is not None     # L2_GRID is not empty
-    _, l2, w, b = best
-    probs = torch.softmax(z_dev @ w.T + b, dim=-1)
+    _, l2, w, b, probs = best
     threshold, approval, dev_score = _choose_thresholds(probs, gold_dev)
     meta = HeadMeta(format=FORMAT, model_hash=model_hash, corpus=corpus_print,
                     **reader_key, l2=l2, threshold=threshold, approval_threshold=approval,
                     dev=dev_score, train_lines=len(train), fit_s=round(time.time() - t0, 1),
-                    created_at=time.time(), rule=THRESHOLD_RULE)
+                    created_at=time.time(), rule=THRESHOLD_RULE, views=list(views))
     return Head(mean, std, w, b, meta)
 
 
@@ -153,16 +159,18 @@ def _rows_of(path: Path, width: int) -> dict[bytes, torch.Tensor]:
 
 
 def corpus_features(reader: Reader, examples: list, cache: Path | None, progress=None,
-                    cancel: threading.Event | None = None, nice: int = 0, workers: int = 0):
+                    cancel: threading.Event | None = None, nice: int = 0, workers: int = 0,
+                    view=None):
     """Features of labelled examples, kept in `cache` (a safetensors file) row by row, each found
     by its exchange's digest: the base model's reading of a line never changes, so a refit takes
     seconds, and a corpus that gained or changed lines has only those read again. Many lines are
     read in `workers` processes (judge/probe_workers.py, 0: as many as suit this machine; at
     niceness `nice`), whose shards a stopped
     or killed fit leaves for the next. The cache is rewritten to hold exactly `examples`
-    (tmp + rename), and the shards are then removed."""
+    (tmp + rename), and the shards are then removed. `view`: what is read of a line's reply
+    (default: the reply in its context; probe.alone: the reply alone)."""
     from safetensors.torch import save_file
-    exchanges = [exchange(e.question, e.answer, e.text) for e in examples]
+    exchanges = [view(e.text) if view else exchange(e.question, e.answer, e.text) for e in examples]
     keys = [line_key(m) for m in exchanges]
     width = reader.width
     with tempfile.TemporaryDirectory(prefix="clawrl-probe-") as scratch:
@@ -231,11 +239,12 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
         try:
             head = Head.load(folder)
             reader = reader or Reader(model_dir)
-            if (head.meta.corpus, head.meta.format, head.meta.layers, head.meta.dtype, head.meta.rule) == \
-                    (corpus_print, FORMAT, list(reader.layers), reader.precision, THRESHOLD_RULE):
+            m = head.meta
+            if (m.corpus, m.format, m.layers, m.dtype, m.rule, m.views) == \
+                    (corpus_print, FORMAT, list(reader.layers), reader.precision, THRESHOLD_RULE, VIEWS):
                 return head, reader
-            log.info("probe head in %s was fitted on another corpus, reader or threshold rule; "
-                     "fitting a new one", folder)
+            log.info("probe head in %s was fitted on another corpus, reader, threshold rule or "
+                     "views; fitting a new one", folder)
         except ProbeError as e:
             log.warning("%s; fitting a new one", e)
     reader = reader or Reader(model_dir)
@@ -246,8 +255,10 @@ def ensure_head(model_dir: Path, models_dir: Path, data: Path | None = None,
     x_tr = corpus_features(reader, train, cache.with_suffix(".train.safetensors"), progress, cancel, nice,
                            workers)
     x_dev = corpus_features(reader, dev, cache.with_suffix(".dev.safetensors"), progress, cancel, nice, workers)
+    x_alone = corpus_features(reader, dev, cache.with_suffix(".dev-alone.safetensors"), progress, cancel,
+                              nice, workers, view=alone)
     head = fit_head(x_tr, train, x_dev, dev, {"layers": list(reader.layers), "dtype": reader.precision},
-                    digest, corpus_print, progress)
+                    digest, corpus_print, progress, x_dev_alone=x_alone)
     head.save(folder)
     for stale in folder.parent.glob("features-*"):    # caches of readings no longer fitted on
         if not stale.name.startswith(cache.name + "."):
