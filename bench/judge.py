@@ -1,9 +1,10 @@
 """What a judge costs: milliseconds per judgment, and whether judging slows serving.
 
 1. Latency: the corpus's test split judged one line at a time (as the judging loop does under
-   light load) by the rules judge and by the probe; median and 95th percentile per judgment, on
-   the machine's threads (the daemon's, on the embedded engine's worker) and on one thread (beside
-   any other engine).
+   light load) by the rules judge, by the probe, and by the same probe head reading the reply in
+   context only (the reading before the reply-alone view), interleaved; median and 95th
+   percentile per judgment, on the machine's threads (the daemon's, on the embedded engine's
+   worker) and on one thread (beside any other engine).
    Beside it, the base model's reading alone, this path (packed layers, the matrix products in
    bfloat16 where the CPU multiplies it natively) against the previous one (transformers'
    forward, the same products) and the one before it (float32 products) on the same lines, as
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -42,16 +44,22 @@ from common import emit  # noqa: E402
 PROMPT = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 
 
-def latency(judge_one, lines: list) -> dict:
-    """Milliseconds per judgment, one line at a time."""
-    times = []
+def latency(judges: dict, lines: list) -> dict:
+    """Milliseconds per judgment of each judge (name: judge_one), one line at a time, the judges
+    interleaved line by line so that a drift of the machine hits all alike."""
+    times: dict = {name: [] for name in judges}
     for e in lines:
-        t0 = time.perf_counter()
-        judge_one(judge_eval.judge_input(e))
-        times.append(1000 * (time.perf_counter() - t0))
-    times.sort()
-    return {"p50_ms": statistics.median(times), "p95_ms": times[int(0.95 * (len(times) - 1))],
-            "n": len(times)}
+        inp = judge_eval.judge_input(e)
+        for name, judge_one in judges.items():
+            t0 = time.perf_counter()
+            judge_one(inp)
+            times[name].append(1000 * (time.perf_counter() - t0))
+    out = {}
+    for name, seen in times.items():
+        seen.sort()
+        out[name] = {"p50_ms": statistics.median(seen), "p95_ms": seen[int(0.95 * (len(seen) - 1))],
+                     "n": len(seen)}
+    return out
 
 
 def reading_paths(reader, lines: list) -> dict:
@@ -146,19 +154,27 @@ def main() -> int:
     lines = corpus.load("test")[:args.lines]
     head, reader = probe_fit.head_for(cfg)
     mine = probe.ProbeJudge(head, reader)
-    latency(mine.judge_sync, lines[:5])                 # warm up
+    # The same head reading the reply in context only (its views less the reply alone): the
+    # previous reading, as the baseline of what the second view costs.
+    context_only = probe.ProbeJudge(probe.Head(head.mean, head.std, head.weight, head.bias,
+                                               dataclasses.replace(head.meta, views=[probe.CONTEXT])), reader)
     rules = RulesJudge()
-    result = {"latency": {"probe": latency(mine.judge_sync, lines),
-                          "rules": latency(lambda inp: asyncio.run(rules.judge(inp)), lines)}}
+    judges = {"probe": mine.judge_sync, "probe_context_only": context_only.judge_sync,
+              "rules": lambda inp: asyncio.run(rules.judge(inp))}
+    latency(judges, lines[:5])                          # warm up
+    result: dict = {"views": head.meta.views, "latency": latency(judges, lines)}
+    result["latency"]["probe_vs_context_only"] = (result["latency"]["probe"]["p50_ms"]
+                                                  / result["latency"]["probe_context_only"]["p50_ms"])
     print(f"probe: {result['latency']['probe']['p50_ms']:.0f} ms median per judgment, "
-          f"p95 {result['latency']['probe']['p95_ms']:.0f} ms", file=sys.stderr)
+          f"p95 {result['latency']['probe']['p95_ms']:.0f} ms; in context only "
+          f"{result['latency']['probe_context_only']['p50_ms']:.0f} ms", file=sys.stderr)
     result["reading"] = reading_paths(reader, lines)
     print(f"reading: {result['reading']['this_path_p50_ms']:.0f} ms against "
           f"{result['reading']['previous_path_p50_ms']:.0f} ms on the previous path and "
           f"{result['reading']['float32_path_p50_ms']:.0f} ms in float32", file=sys.stderr)
     # Beside a remote engine the daemon reads on one thread (judge/loop.py): the same lines so.
     one = probe.ProbeJudge(head, reader, threads=1)
-    result["latency"]["probe_one_thread"] = latency(one.judge_sync, lines)
+    result["latency"]["probe_one_thread"] = latency({"probe": one.judge_sync}, lines)["probe"]
     print(f"probe on one thread: {result['latency']['probe_one_thread']['p50_ms']:.0f} ms median",
           file=sys.stderr)
     del mine, one, reader
