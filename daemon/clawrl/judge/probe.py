@@ -409,7 +409,7 @@ class ProbeJudge:
         """`threads`: torch threads of each reading on a thread of its own. `run`: where a
         judgment runs instead (a callable taking a function, returning a concurrent future:
         the embedded engine's `between_passes`, whose worker lends its threads); one judgment
-        at a time, so a request that arrives meanwhile waits for one reading at most. A judgment
+        at a time, so a request that arrives meanwhile waits for one judgment at most. A judgment
         the worker has not started within `lend_wait_s` (it is in a long prefill) is read on a
         thread of its own, on one torch thread, instead, and the worker skips it."""
         self.head, self.reader, self.threads, self.run = head, reader, threads, run
