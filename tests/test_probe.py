@@ -104,6 +104,35 @@ def test_the_reply_alone_is_read_after_a_stored_start_that_changes_no_reading(mo
         assert all(k.shape[-2] == len(r._alone_ids) for k, _ in reader._alone_kv)
 
 
+def test_both_readings_in_one_pass_are_the_two_readings(fitted, model_dir):
+    """read_both reads the reply in context and alone side by side in one pass through the packed
+    layers, each run masked to its own start and itself at its own positions: the rows of the
+    two separate readings (to float32's rounding in float32 products; in bfloat16 products, whose
+    blocking depends on the rows, within their rounding: the probabilities to 0.03, the bound
+    between bfloat16 and float32 products above).
+    Through transformers' forward it is the two readings."""
+    import torch
+    lines = corpus.load("dev")[:6]
+    for products in (torch.float32, torch.bfloat16):
+        r = probe.Reader(model_dir, products=products)
+        for e in lines:
+            m = probe.exchange(e.question, e.answer, e.text)
+            both = r.read_both(m, e.text)
+            apart = (r.read_one(m), r.read_one(probe.alone(e.text)))
+            for x, y in zip(both, apart):
+                if products == torch.float32:
+                    assert torch.allclose(x, y, atol=2e-4), (x - y).abs().max()
+                else:
+                    assert torch.nn.functional.cosine_similarity(x, y, dim=0) > 0.9999
+                    p, q = fitted.head.probs(x[None]), fitted.head.probs(y[None])
+                    assert (p - q).abs().max() < 0.03        # as between bfloat16 and float32 products
+    general = probe.Reader(model_dir, products=torch.float32, packed=False)
+    e = lines[0]
+    m = probe.exchange(e.question, e.answer, e.text)
+    for x, y in zip(general.read_both(m, e.text), (general.read_one(m), general.read_one(probe.alone(e.text)))):
+        assert torch.equal(x, y)
+
+
 def test_a_judgment_votes_on_the_mean_of_the_reply_in_context_and_alone(fitted):
     """The head's probabilities are averaged over the two views of each reply, and its
     thresholds were chosen on dev's averaged probabilities."""
@@ -111,8 +140,9 @@ def test_a_judgment_votes_on_the_mean_of_the_reply_in_context_and_alone(fitted):
     assert fitted.head.meta.views == probe.VIEWS == ["context", "alone"]
     q, a = "What is 17 times 3?", "17 times 3 is 41, since 17 times 2 is 34 and 34 plus 7 is 41."
     replies = ["hold on, that can't be right. can you double-check?", "perfect, thanks!"]
-    ctx = fitted.head.probs(fitted.reader.features([probe.exchange(q, a, t) for t in replies]))
-    alone = fitted.head.probs(fitted.reader.features([probe.alone(t) for t in replies]))
+    both = [fitted.reader.read_both(probe.exchange(q, a, t), t) for t in replies]
+    ctx = fitted.head.probs(torch.stack([c for c, _ in both]))
+    alone = fitted.head.probs(torch.stack([s for _, s in both]))
     assert not torch.allclose(ctx, alone, atol=1e-3)
     for (vote, why), c, s in zip(fitted.read(q, a, replies), ctx.tolist(), alone.tolist()):
         mean = [(x + y) / 2 for x, y in zip(c, s)]

@@ -248,19 +248,23 @@ class PackedModel:
 
     @torch.inference_mode()
     def read(self, ids: list[int], past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-             keep: set[int] | frozenset[int] = frozenset()):
+             keep: set[int] | frozenset[int] = frozenset(), positions: torch.Tensor | None = None,
+             mask: torch.Tensor | None = None):
         """Run `ids` through the layers after `past` (each layer's keys and values of the tokens
         before them, [1, kv_heads, positions, head_dim], as `read` returns them or a transformers
         cache holds them; never changed). Returns the hidden state after each layer numbered in
         `keep` (1: the first layer's output), [len(ids), hidden], float32, and each layer's keys
-        and values, `past`'s followed by the new ones."""
+        and values, `past`'s followed by the new ones. By default `ids` follow `past` as one
+        sequence; `positions` (each id's) and `mask` ([len(ids), past + len(ids)], True where a
+        token sees another) read several sequences that share a past at once instead."""
         n, h, kvh, hd = len(ids), self.heads, self.kv_heads, self.head_dim
         start = past[0][0].shape[-2] if past else 0
         x = self.embed[torch.tensor(ids)].float()
-        cos, sin = (t[:, None, :] for t in rope_tables(torch.arange(start, start + n), self.inv_freq,
-                                                        self.rope_scale))
+        at = torch.arange(start, start + n) if positions is None else positions
+        cos, sin = (t[:, None, :] for t in rope_tables(at, self.inv_freq, self.rope_scale))
         # each position sees the past and itself and what came before it
-        mask = torch.ones(n, start + n, dtype=torch.bool).tril(start) if start else None
+        if mask is None and start:
+            mask = torch.ones(n, start + n, dtype=torch.bool).tril(start)
         hidden, kv = {}, []
         for i, layer in enumerate(self.layers):
             y = rms_norm(x, layer.norm1, self.eps)
