@@ -197,14 +197,6 @@ class Reader:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _common_start(self, a: list[dict], b: list[dict]) -> list[int]:
-        """The tokens that the renders of two exchanges, differing in their last message, share."""
-        x, y = self._render(a), self._render(b)
-        n = 0
-        while n < min(len(x), len(y)) and x[n] == y[n]:
-            n += 1
-        return x[:n]
-
     @torch.inference_mode()
     def _keys_values(self, ids: list[int], past=None) -> list:
         """Each layer's keys and values of `ids` read after `past` (past's included)."""
@@ -220,8 +212,12 @@ class Reader:
 
     def _template_head(self):
         """The tokens every rendered exchange starts with, and their keys and values per layer."""
-        ids = self._common_start([{"role": "user", "content": "a"}], [{"role": "assistant", "content": "b"}])
-        return (ids, self._keys_values(ids)) if ids else ([], [])
+        a = self._render([{"role": "user", "content": "a"}])
+        b = self._render([{"role": "assistant", "content": "b"}])
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return (a[:n], self._keys_values(a[:n])) if n else ([], [])
 
     def _alone_prefix(self):
         """The tokens of the reply-alone reading (`alone`) before the reply's turn (the neutral
@@ -316,7 +312,8 @@ class Reader:
         ids_c, n_c, prompt_c, past_c = self._ids(messages)
         ids_a, n_a, prompt_a, past_a = self._ids(lone)
         if self.packed is None or past_c is not self._head_kv or past_a is not self._alone_kv:
-            return self.read_one(messages), self.read_one(lone)
+            return (self._row(self._hidden(ids_c, past_c), n_c, prompt_c),
+                    self._row(self._hidden(ids_a, past_a), n_a, prompt_a))
         head, start, lc, la = len(self._head_ids), len(self._alone_ids), len(ids_c), len(ids_a)
         positions = torch.cat([torch.arange(head, head + lc), torch.arange(start, start + la)])
         mask = torch.zeros(lc + la, start + lc + la, dtype=torch.bool)
@@ -368,11 +365,12 @@ class Head:
         self.mean, self.std, self.weight, self.bias, self.meta = mean, std, weight, bias, meta
 
     def probs(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(((x - self.mean) / self.std) @ self.weight.T + self.bias, dim=-1)
+        return probs_of([x], self.mean, self.std, self.weight, self.bias)
 
     def probs_of(self, views: list[torch.Tensor]) -> torch.Tensor:
         """The probabilities a judgment votes on: the mean of each view's (VIEWS, rows aligned)."""
-        return torch.stack([self.probs(x) for x in views]).mean(0)
+        return probs_of(views, self.mean, self.std, self.weight, self.bias)
+
 
     def save(self, folder: Path) -> None:
         """Written to a temp folder, then renamed into place: never half a head."""
@@ -403,6 +401,12 @@ class Head:
         except Exception as e:   # missing, truncated, or from another format: one clear error
             raise ProbeError(f"probe head in {folder} is unreadable ({e})") from e
         return head
+
+
+def probs_of(views: list[torch.Tensor], mean, std, weight, bias) -> torch.Tensor:
+    """A head's p(-1), p(0), p(+1) (standardise, then a linear map), averaged over `views`."""
+    return torch.stack([torch.softmax(((x - mean) / std) @ weight.T + bias, dim=-1)
+                        for x in views]).mean(0)
 
 
 def decide(probs: torch.Tensor, threshold: float, approval: float) -> list[int]:

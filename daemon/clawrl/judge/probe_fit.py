@@ -27,7 +27,7 @@ from . import corpus, probe_workers
 from .corpus import metrics
 from .probe import (CONTEXT, FORMAT, L2_GRID, MAX_WRONG_SIGN, MIN_PRECISION, RECALL_FLOORS,
                     THRESHOLD_RULE, VIEWS, WRONG_SIGN_COST, Head, HeadMeta, ProbeError, Reader, alone,
-                    decide, exchange)
+                    decide, exchange, probs_of)
 
 log = logging.getLogger("clawrl.probe")
 
@@ -124,7 +124,7 @@ def fit_head(x_tr: torch.Tensor, train: list, x_dev: torch.Tensor, dev: list, re
         else:
             c, b = _fit(basis[1], y_tr, l2)
             w = c @ basis[0].T
-        probs = torch.stack([torch.softmax(((x - mean) / std) @ w.T + b, dim=-1) for x in dev_views]).mean(0)
+        probs = probs_of(dev_views, mean, std, w, b)
         loss = torch.nn.functional.nll_loss(probs.clamp(min=1e-12).log(), _labels_index(gold_dev)).item()
         say(f"L2 {l2:g}: dev log-loss {loss:.3f}")
         if best is None or loss < best[0]:
