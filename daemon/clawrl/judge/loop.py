@@ -123,9 +123,9 @@ class Judging(BackgroundLoop):
             finally:
                 pool.shutdown(wait=False)
             # It reads on the engine's cores: on the embedded engine's worker, between two of its
-            # passes and on its threads (45-55 ms a judgment on 2 cores, against 76-87 ms on one
-            # thread of its own: bench/judge.py; on one thread of its own while the worker is in
-            # a long prefill); beside any other engine on one thread.
+            # passes and on its threads (58-78 ms a judgment on 2 cores, against about 105 ms on
+            # one thread of its own: bench/judge.py; on one thread of its own while the worker is
+            # in a long prefill); beside any other engine on one thread.
             run = getattr(self.engine, "between_passes", None)
             self.judge = probe.ProbeJudge(head, reader, threads=None if run else 1, run=run)
             self.defer_s = self.cfg.judge.defer_s
