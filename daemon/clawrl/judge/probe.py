@@ -371,7 +371,6 @@ class Head:
         """The probabilities a judgment votes on: the mean of each view's (VIEWS, rows aligned)."""
         return probs_of(views, self.mean, self.std, self.weight, self.bias)
 
-
     def save(self, folder: Path) -> None:
         """Written to a temp folder, then renamed into place: never half a head."""
         from safetensors.torch import save_file
