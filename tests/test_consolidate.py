@@ -329,6 +329,13 @@ def test_cli_dry_run_and_a_run_on_a_stopped_daemon(lm, tmp_path):
     assert "consolidating [" in out.stderr and "step 3/3" in out.stderr   # the progress bar
     assert adapters.read_meta(log.cfg.adapters_dir, 1)["method"] == consolidate.METHOD
 
+    # a dry run now says how long the window would take, at the pace of the run just made
+    out = subprocess.run(cli + ["--dry-run"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "last consolidation: version 0001, 12 turns, 3 steps in " in out.stdout, out.stdout
+    assert "this window: 3 steps (with its teacher answers), about " in out.stdout
+    assert "at the last consolidation's pace" in out.stdout
+
     status = subprocess.run([sys.executable, "-m", "clawrl", "status"], env=env, capture_output=True,
                             text=True, timeout=60)
     assert "consolidate  done" in status.stdout and "12 samples" in status.stdout, status.stdout

@@ -422,6 +422,12 @@ def teacher_asked(window: list[Example], mode: str) -> list[Example]:
     return hinted[max(0, len(hinted) - gap):] if gap > 0 else []
 
 
+def planned_steps(rows: int, c) -> int:
+    """The optimizer steps of a consolidation over `rows` examples (teacher answers included):
+    `consolidate.epochs` passes in batches of `batch_size`, at least `min_steps`."""
+    return max(c.min_steps, math.ceil(math.ceil(rows / c.batch_size) * c.epochs))
+
+
 def _kto_trainer(cfg: Config, model, tokenizer, window: list[Example], staging: Path, watch):
     """TRL's KTOTrainer on the window: a fresh LoRA on the base model (the reference model is the
     base itself, the adapter disabled), on the CPU unless the trainer has a GPU; and how it runs
@@ -440,7 +446,7 @@ def _kto_trainer(cfg: Config, model, tokenizer, window: list[Example], staging: 
     model.train()
     targets = "all-linear" if t.lora_targets == "all-linear" else \
         [s.strip() for s in t.lora_targets.split(",") if s.strip()]
-    steps = max(c.min_steps, math.ceil(math.ceil(len(window) / c.batch_size) * c.epochs))
+    steps = planned_steps(len(window), c)
     args = KTOConfig(
         output_dir=str(staging), per_device_train_batch_size=c.batch_size,
         max_steps=steps, learning_rate=c.lr, beta=c.beta, lr_scheduler_type="linear",

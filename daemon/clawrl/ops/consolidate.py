@@ -27,16 +27,30 @@ def add_arguments(sp) -> None:
                     help="with a running trainer: leave the request and return")
 
 
+def duration(seconds: float) -> str:
+    """`seconds` as a person reads it: 40 s, 12 min, 1 h 05 min."""
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 class Bar:
-    """One progress line: redrawn on a terminal, a line per tenth otherwise."""
-    def __init__(self, out=sys.stderr):
-        self.out, self.tty, self.shown = out, out.isatty(), -1
+    """One progress line: redrawn on a terminal, a line per tenth otherwise. Once a step has been
+    seen to finish, it also says about how long is left, at the pace of the steps seen so far."""
+    def __init__(self, out=sys.stderr, clock=time.monotonic):
+        self.out, self.tty, self.shown, self.clock = out, out.isatty(), -1, clock
+        self.first: tuple[float, int] | None = None    # (when, step) of the first status seen
 
     def __call__(self, status: dict) -> None:
         step, steps = status.get("step") or 0, status.get("steps") or 0
         loss = status.get("loss") or []
         if not steps:
             return
+        now = self.clock()
+        if self.first is None or step < self.first[1]:
+            self.first = (now, step)
         tenth = int(10 * step / steps)
         if not self.tty and (tenth == self.shown or step == 0):
             return
@@ -44,7 +58,10 @@ class Bar:
         filled = int(30 * step / steps)
         text = (f"consolidating [{'#' * filled}{'.' * (30 - filled)}] step {step}/{steps}"
                 + (f"  loss {loss[-1]:.4f}" if loss else ""))
-        self.out.write(("\r" + text) if self.tty else text + "\n")
+        seen = step - self.first[1]
+        if seen > 0 and step < steps:
+            text += f"  about {duration((now - self.first[0]) / seen * (steps - step))} left"
+        self.out.write(("\r" + text.ljust(90)) if self.tty else text + "\n")
         self.out.flush()
 
     def end(self) -> None:
@@ -86,14 +103,25 @@ def _dry_run(cfg, db, root, window, consolidate, schedule) -> int:
         print(f"the hinted teacher answers {len(hinted)} corrected turns ({kept} answers kept from "
               "an earlier run are read back when the model and hint are the same; "
               f"consolidate.teacher_answers = {cfg.consolidate.teacher_answers})")
+    runs = True
     try:
         consolidate.check_window(ex, cfg.consolidate.batch_size)
         print("it would train a fresh adapter from them")
     except consolidate.NothingToConsolidate as e:
+        runs = False
         print(f"it would not run: {e}")
     last = consolidate.last_consolidation(root)
-    print("last consolidation: " + (f"version {last['version']:04d}, {last['window']['size']} turns"
-                                    if last else "none"))
+    paced = bool(last and last.get("steps") and last.get("seconds"))
+    if last is None:
+        print("last consolidation: none")
+    else:
+        print(f"last consolidation: version {last['version']:04d}, {last['window']['size']} turns"
+              + (f", {last['steps']} steps in {duration(last['seconds'])}" if paced else ""))
+    if runs and paced:
+        assert last is not None
+        steps = consolidate.planned_steps(len(ex) + len(hinted), cfg.consolidate)
+        print(f"this window: {steps} steps (with its teacher answers), about "
+              f"{duration(last['seconds'] * steps / last['steps'])} at the last consolidation's pace")
     kind, _ = schedule(cfg.consolidate.when)
     why = consolidate.due(cfg, db, root)
     print(f"schedule: {cfg.consolidate.when}" + (
