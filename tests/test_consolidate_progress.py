@@ -56,3 +56,14 @@ def test_no_line_before_the_steps_are_known():
     out = io.StringIO()
     Bar(out, Clock())({"step": 0, "steps": None, "message": "the hinted teacher answers 3 turns"})
     assert out.getvalue() == ""
+
+
+def test_status_says_how_long_a_running_consolidation_has_left():
+    from clawrl.ops.status import consolidation_text, time_left
+    running = {"state": "running", "started_at": 900.0, "training_at": 1000.0, "step": 10, "steps": 40,
+               "loss": [0.5, 0.48]}
+    assert time_left(running, now=1200.0) == ", about 10 min left"        # 20 s a step, 30 to go
+    assert time_left({**running, "step": 0}, now=1200.0) == ""           # no step taken: no pace
+    assert time_left({**running, "training_at": None}, now=1200.0) == ""  # a status from before this
+    assert time_left({**running, "step": 40}, now=1200.0) == ""          # the last step is done
+    assert "step 10 of 40, loss 0.4800, about " in consolidation_text(running, "off")

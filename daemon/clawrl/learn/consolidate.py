@@ -283,7 +283,7 @@ def run(cfg: Config, db: sqlite3.Connection, root: Path, stop: threading.Event,
         taught = _add_teacher_answers(cfg, db, model_path, model, tokenizer, window, stop, progress, say)
         trainer, path = _kto_trainer(cfg, model, tokenizer, window, staging, watch)
         _stop_inside_steps(trainer.model, stop)
-        progress({"message": "training", "steps": trainer.state.max_steps or None})
+        progress({"message": "training", "steps": trainer.state.max_steps or None, "training_at": time.time()})
         result = trainer.train()
         if stop.is_set():
             raise Stopped("stopped during consolidation; nothing written")

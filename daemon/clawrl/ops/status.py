@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 from ..adapters import versions as adapters
 from ..config import Config
 from ..turnlog.forget import count
 from ..turnlog.store import read_counts
+from .consolidate import duration
 
 
 def daemon_url(cfg: Config) -> str:
@@ -168,8 +170,19 @@ def consolidation_text(c: dict | None, when: str | None) -> str:
         return f"none yet ({schedule}; `clawrl consolidate` runs one now)"
     if c.get("state") == "running":
         loss = f", loss {c['loss'][-1]:.4f}" if c.get("loss") else ""
-        return f"running since {_when(c.get('started_at'))}: step {c.get('step')} of {c.get('steps') or '?'}{loss}"
+        return (f"running since {_when(c.get('started_at'))}: step {c.get('step')} of {c.get('steps') or '?'}"
+                f"{loss}{time_left(c)}")
     return f"{c.get('state')} {_when(c.get('finished_at'))}: {c.get('message')}  ({schedule})"
+
+
+def time_left(c: dict, now: float | None = None) -> str:
+    """", about N min left" for a running consolidation that has taken a step, at the pace of its
+    steps so far (from when training began, after the teacher's answers); else ""."""
+    step, steps, began = c.get("step") or 0, c.get("steps") or 0, c.get("training_at")
+    if not (began and 0 < step < steps):
+        return ""
+    pace = ((now if now is not None else time.time()) - began) / step
+    return f", about {duration(pace * (steps - step))} left"
 
 
 def agreement_text(a: dict | None) -> str:
