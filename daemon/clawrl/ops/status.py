@@ -176,8 +176,8 @@ def consolidation_text(c: dict | None, when: str | None) -> str:
 
 
 def time_left(c: dict, now: float | None = None) -> str:
-    """", about N min left" for a running consolidation that has taken a step, at the pace of its
-    steps so far (from when training began, after the teacher's answers); else ""."""
+    """The words `, about N min left` for a running consolidation that has taken a step, at the
+    pace of its steps so far (from when training began, after the teacher's answers); else ""."""
     step, steps, began = c.get("step") or 0, c.get("steps") or 0, c.get("training_at")
     if not (began and 0 < step < steps):
         return ""
