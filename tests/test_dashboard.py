@@ -283,8 +283,10 @@ def test_page_renders_the_plot_and_rolls_back_in_a_browser(lab, browser):
     browser.call("Emulation.setDeviceMetricsOverride", s, width=1400, height=1000,
                  deviceScaleFactor=1, mobile=False)
     # A consolidation under way (its progress file, as learn/consolidate.py writes it).
+    # Training began 300 s ago: 100 s a step, 7 steps to go.
     adapters.write_consolidation(lab.home / "adapters", {
-        "state": "running", "started_at": time.time(), "step": 3, "steps": 10, "loss": [0.5, 0.48, 0.47]})
+        "state": "running", "started_at": time.time() - 330, "training_at": time.time() - 300, "step": 3,
+        "steps": 10, "loss": [0.5, 0.48, 0.47]})
     browser.call("Page.navigate", s, url=f"{lab.url}/dashboard")
 
     # A fresh browser has no key: the daemon answers a login form, which refuses a wrong key...
@@ -322,7 +324,8 @@ def test_page_renders_the_plot_and_rolls_back_in_a_browser(lab, browser):
     assert plot["status"]["turns"] == "7" and plot["status"]["judged"] == "5"
     assert len(plot["adapters"]) == 3 and plot["adapters"][0].startswith("0002")
     assert "weather" in plot["skills"]
-    assert "step 3 of 10, loss 0.500 → 0.470" in plot["status"]["consolidation"]
+    assert "step 3 of 10, loss 0.500 → 0.470, about 12 min left" in plot["status"]["consolidation"] or \
+        "step 3 of 10, loss 0.500 → 0.470, about 13 min left" in plot["status"]["consolidation"]   # slow page load
 
     browser.evaluate(s, "document.querySelector('#sessions tr[data-session=\"beta\"]').click()")
     browser.wait_for(s, "document.querySelectorAll('#turns .turn').length === 3")
