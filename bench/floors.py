@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clawrl.chat.format import content_text
 from clawrl.config import load_config
 from clawrl.judge import corpus, evaluate as judge_eval, probe
+from clawrl.judge.judges import last_question
 from clawrl.models import bf16_supported, provision
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -75,11 +75,10 @@ def products_s(rows: int, shapes: list[tuple[int, int]], dtype: torch.dtype, bac
     return total
 
 
-def probe_floor(judge_result: dict, lines: int) -> dict:
+def probe_floor(model_dir: Path, judge_result: dict, lines: int) -> dict:
     """A judgment's products through the probe's own kernels (the packed layers' matrices) for
     the tokens each test-split line reads, beside bench/judge.py's measured median."""
-    cfg = load_config(None)
-    reader = probe.Reader(provision(cfg.model.source, cfg.models_dir, cfg.home / "cache"))
+    reader = probe.Reader(model_dir)
     if reader.packed is None:
         raise SystemExit("the probe's reader is not packed for this model: no floor to compare")
     layer = reader.packed.layers[0]          # every layer's products have the same shapes
@@ -92,9 +91,7 @@ def probe_floor(judge_result: dict, lines: int) -> dict:
     both, context = [], []          # (floor ms, tokens) per line
     for e in corpus.load("test")[:lines]:
         inp = judge_eval.judge_input(e)
-        question = next((content_text(m.get("content")) for m in reversed(inp.context)
-                         if m.get("role") == "user"), "")
-        ctx = len(reader._ids(probe.exchange(question, inp.response, e.text))[0])
+        ctx = len(reader._ids(probe.exchange(last_question(inp.context), inp.response, e.text))[0])
         lone = len(reader._ids(probe.alone(e.text))[0])
         both.append((products_ms(ctx + lone), ctx + lone))
         context.append((products_ms(ctx), ctx))
@@ -143,9 +140,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from transformers import AutoConfig
     cfg = load_config(None)
-    config = AutoConfig.from_pretrained(provision(cfg.model.source, cfg.models_dir, cfg.home / "cache"))
+    model_dir = provision(cfg.model.source, cfg.models_dir, cfg.home / "cache")
+    config = AutoConfig.from_pretrained(model_dir)
     out: dict = {"bench": "floors", "threads": torch.get_num_threads(), "native_bfloat16": bf16_supported()}
-    out["probe"] = probe_floor(json.loads(Path(args.judge).read_text()), args.lines)
+    out["probe"] = probe_floor(model_dir, json.loads(Path(args.judge).read_text()), args.lines)
     p, c = out["probe"]["probe"], out["probe"]["probe_context_only"]
     print(f"probe judgment: {p['tokens_median']:.0f} tokens, products alone {p['floor_ms']} ms (measured "
           f"{p['measured_ms']} ms, target 50 ms); context only {c['floor_ms']} ms (measured {c['measured_ms']} ms)",

@@ -237,6 +237,11 @@ def _json_tool_error(data: dict) -> bool | None:
     return None
 
 
+def last_question(context: list[dict]) -> str:
+    """The text of the last user message in a judged turn's context: what the answer answered."""
+    return next((content_text(m.get("content")) for m in reversed(context) if m.get("role") == "user"), "")
+
+
 def tool_vote(text: str) -> tuple[int, str]:
     try:
         data = json.loads(text)
@@ -285,8 +290,7 @@ class RulesJudge:
     user correction the user's own words become the hint."""
 
     async def judge(self, inp: JudgeInput) -> Judgment:
-        previous = next((content_text(m.get("content")) for m in reversed(inp.context)
-                         if m.get("role") == "user"), "")
+        previous = last_question(inp.context)
         results: list[tuple[int, str, str | None]] = []
         for m in inp.next_state:
             text = content_text(m.get("content"))

@@ -41,7 +41,7 @@ from ..engines.packed import PackedModel, rms_norm, supported
 from ..models import bf16_supported
 from ..types import JudgeInput, Judgment
 from .corpus import NEUTRAL_CONTEXT
-from .judges import combine, rules_hint, tool_vote
+from .judges import combine, last_question, rules_hint, tool_vote
 
 log = logging.getLogger("clawrl.probe")
 
@@ -466,8 +466,7 @@ class ProbeJudge:
         n = threads or self.threads
         if n:
             torch.set_num_threads(n)      # this thread's own setting
-        question = next((content_text(m.get("content")) for m in reversed(inp.context)
-                         if m.get("role") == "user"), "")
+        question = last_question(inp.context)
         results: list[tuple[int, str, str | None]] = []
         to_read: list[str] = []
         for m in inp.next_state:

@@ -36,6 +36,12 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def about_left(elapsed: float, steps_seen: int, steps_to_go: int) -> str:
+    """The words `about N min left`: the steps to go at the pace of the steps seen in `elapsed`
+    seconds."""
+    return f"about {duration(elapsed / steps_seen * steps_to_go)} left"
+
+
 class Bar:
     """One progress line: redrawn on a terminal, a line per tenth otherwise. Once a step has been
     seen to finish, it also says about how long is left, at the pace of the steps seen so far."""
@@ -60,7 +66,7 @@ class Bar:
                 + (f"  loss {loss[-1]:.4f}" if loss else ""))
         seen = step - self.first[1]
         if seen > 0 and step < steps:
-            text += f"  about {duration((now - self.first[0]) / seen * (steps - step))} left"
+            text += "  " + about_left(now - self.first[0], seen, steps - step)
         self.out.write(("\r" + text.ljust(90)) if self.tty else text + "\n")
         self.out.flush()
 

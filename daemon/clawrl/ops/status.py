@@ -14,7 +14,7 @@ from ..adapters import versions as adapters
 from ..config import Config
 from ..turnlog.forget import count
 from ..turnlog.store import read_counts
-from .consolidate import duration
+from .consolidate import about_left
 
 
 def daemon_url(cfg: Config) -> str:
@@ -181,8 +181,7 @@ def time_left(c: dict, now: float | None = None) -> str:
     step, steps, began = c.get("step") or 0, c.get("steps") or 0, c.get("training_at")
     if not (began and 0 < step < steps):
         return ""
-    pace = ((now if now is not None else time.time()) - began) / step
-    return f", about {duration(pace * (steps - step))} left"
+    return ", " + about_left((now if now is not None else time.time()) - began, step, steps - step)
 
 
 def agreement_text(a: dict | None) -> str:
