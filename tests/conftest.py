@@ -20,6 +20,21 @@ MODEL_CACHE = REPO / ".cache" / "models"
 CLAWRL = [sys.executable, "-m", "clawrl"]
 
 
+def bench_module(name: str):
+    """A script of bench/ imported as a module, leaving this process's imports as they were (the
+    bench's folder off sys.path, its `common` module out of sys.modules)."""
+    import importlib
+    bench = str(REPO / "bench")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module(name)
+    finally:
+        while bench in sys.path:
+            sys.path.remove(bench)
+        if str(getattr(sys.modules.get("common"), "__file__", "")).startswith(bench):
+            del sys.modules["common"]
+
+
 def make_home(path: Path) -> Path:
     """A fresh CLAWRL_HOME whose models/ is the shared, persistent conversion cache."""
     path.mkdir(parents=True, exist_ok=True)

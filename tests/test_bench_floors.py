@@ -3,24 +3,15 @@ Llama layer's Linears, every consolidation method must have its passes, and the 
 them. Fast: a tiny random Llama, no weights."""
 from __future__ import annotations
 
-import sys
 
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from conftest import REPO
+from conftest import bench_module
 from clawrl.learn.consolidate import LOSS_TYPES
 
-BENCH = str(REPO / "bench")
-sys.path.insert(0, BENCH)
-import floors  # noqa: E402
-
-# the bench's folder and its `common` module leave this process's imports as they were
-while BENCH in sys.path:
-    sys.path.remove(BENCH)
-if str(getattr(sys.modules.get("common"), "__file__", "")).startswith(BENCH):
-    del sys.modules["common"]
+floors = bench_module("floors")
 
 TINY = LlamaConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
                    num_hidden_layers=2, vocab_size=300, head_dim=16)

@@ -1,0 +1,155 @@
+"""A blind second reading of the feedback corpus: do careful readers give its lines the labels
+their writers gave them? It bounds what any judge can be asked to reach on the corpus: where two
+careful readings disagree, neither is wrong for sure.
+
+    prepare DIR    the splits' lines, shuffled, without labels, in --readers chunk files, with the
+                   readers' brief (BRIEF.md). Each reader gets one chunk and the brief, and writes
+                   labels<i>.jsonl ({"id", "label", "note"?} per line). The key from a reader's id
+                   to its line (.key.json) stays in DIR: readers are told to open nothing else.
+    score DIR|FILE the readers' labels against the corpus's, per split: agreement, the confusion,
+                   the lines read with the other sign, and each disagreement. DIR: a prepared
+                   folder with the readers' labels; FILE: a result of an earlier score (the
+                   reading is kept in it, by a digest of each line's normalised text, so it can
+                   be scored again against a corpus that has grown since).
+
+    .venv/bin/python bench/second_reading.py prepare $TMPDIR/reading --readers 8
+    # ... each reader labels its chunk ...
+    .venv/bin/python bench/second_reading.py score $TMPDIR/reading --out bench/results/second-reading.json
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+from clawrl.judge import corpus
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import emit  # noqa: E402
+
+# The corpus README's meaning of each label, which the writers were given too.
+BRIEF = """# Reading task: what does the user's next message say about the assistant's answer?
+
+Each line of your chunk file is a JSON object: `id`, `context` (the conversation so far, ending
+with the assistant's answer) and `text` (the user's next message). For every line, read the
+context and the text yourself and decide the verdict the text carries on the assistant's LAST
+answer:
+
+- **-1**: the answer failed. A correction (of a fact, a sum, code that errors), a complaint, a
+  request to redo, the same request rephrased, a form preference that was missed (length,
+  format, markdown, emojis, language, units, tone, openers and closers), a misunderstanding
+  ("I meant the train, not the bus"), an implicit correction ("that date is off by a year"),
+  a correction aimed at the future ("next time just the number"), sarcasm about a failure, and
+  mixed messages whose point is the criticism ("thanks, but step 2 is wrong").
+- **+1**: the answer worked. Thanks, approval, "it works", terse approvals ("ty", "🙏"), and
+  moving on with a follow-up that takes the answer as good ("great, now do March").
+- **0**: no evidence either way. An unrelated new request, small talk, "brb", and replies
+  whose meaning for the answer is unclear (a bare "ok", "hmm").
+
+Rules:
+- Judge every line by reading it. Do not write a program, keyword list or heuristic that
+  assigns labels; you may use a script only to split the file into pieces you read and to
+  write your answers out.
+- Open no other file: your chunk file and this brief are all you need.
+- Write one JSON object per line to your output file: `{"id": "...", "label": -1|0|1}`,
+  one for every id in your chunk, in any order. Add `"note": "..."` (a few words) only where
+  you found the line genuinely ambiguous.
+"""
+
+
+def digest(text: str) -> str:
+    """A line's key across corpus rebuilds: its normalised text (what fixes its split too)."""
+    return hashlib.sha256(corpus.normalise(text).encode()).hexdigest()[:16]
+
+
+def prepare(folder: Path, splits: list[str], readers: int, seed: int, data: Path | None = None) -> dict:
+    rows = [(s, e) for s in splits for e in corpus.load(s, data)]
+    random.Random(seed).shuffle(rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "BRIEF.md").write_text(BRIEF, encoding="utf-8")
+    key = {}
+    for c in range(readers):
+        with open(folder / f"chunk{c}.jsonl", "w", encoding="utf-8") as f:
+            for j, (split, e) in enumerate(rows[c::readers]):
+                rid = f"c{c}-{j:03d}"
+                key[rid] = [split, digest(e.text)]
+                f.write(json.dumps({"id": rid, "context": list(e.context), "text": e.text},
+                                   ensure_ascii=False) + "\n")
+    (folder / ".key.json").write_text(json.dumps(key))
+    return {"lines": len(rows), "readers": readers}
+
+
+def collect(folder: Path) -> tuple[dict[str, int], dict[str, str]]:
+    """The readers' labels and notes by line digest; every chunk must be read in full."""
+    key = json.loads((folder / ".key.json").read_text())
+    labels, notes = {}, {}
+    for path in sorted(folder.glob("labels*.jsonl")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if obj.get("id") not in key or obj.get("label") not in corpus.LABELS:
+                raise SystemExit(f"{path}:{n}: an unknown id or a label other than -1, 0, 1: {line}")
+            d = key[obj["id"]][1]
+            labels[d] = obj["label"]
+            if obj.get("note"):
+                notes[d] = str(obj["note"])
+    missing = len(key) - sum(1 for split, d in key.values() if d in labels)
+    if missing:
+        raise SystemExit(f"{missing} of {len(key)} lines have no reader's label yet")
+    return labels, notes
+
+
+def score(labels: dict[str, int], notes: dict[str, str], splits: list[str], data: Path | None = None) -> dict:
+    out = {}
+    for split in splits:
+        lines = [(e, labels[digest(e.text)]) for e in corpus.load(split, data) if digest(e.text) in labels]
+        n = len(lines)
+        pairs = Counter((e.label, r) for e, r in lines)
+        out[split] = {
+            "n": n,
+            "agreement": sum(e.label == r for e, r in lines) / n if n else 0.0,
+            "other_sign": sum(e.label * r == -1 for e, r in lines),
+            "other_sign_rate": sum(e.label * r == -1 for e, r in lines) / n if n else 0.0,
+            "confusion": {str(g): {str(r): pairs[(g, r)] for r in corpus.LABELS} for g in corpus.LABELS},
+            "disagreements": [{"text": e.text, "label": e.label, "reading": r,
+                               **({"note": notes[digest(e.text)]} if digest(e.text) in notes else {})}
+                              for e, r in lines if e.label != r]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="write the readers' chunks and brief")
+    p.add_argument("folder")
+    p.add_argument("--readers", type=int, default=8)
+    p.add_argument("--seed", type=int, default=19)
+    s = sub.add_parser("score", help="score a reading against the corpus's labels")
+    s.add_argument("source", help="a prepared folder with the readers' labels, or an earlier result")
+    s.add_argument("--out")
+    for q in (p, s):
+        q.add_argument("--splits", nargs="+", default=["dev", "test"], choices=corpus.SPLITS)
+        q.add_argument("--data", help="a corpus folder (default: the built-in one)")
+    args = ap.parse_args(argv)
+    data = Path(args.data) if args.data else None
+    if args.cmd == "prepare":
+        print(json.dumps(prepare(Path(args.folder), args.splits, args.readers, args.seed, data)))
+        return 0
+    source = Path(args.source)
+    if source.is_dir():
+        labels, notes = collect(source)
+    else:
+        earlier = json.loads(source.read_text())
+        labels, notes = earlier["reading"], earlier.get("notes", {})
+    emit({"command": " ".join(["bench/second_reading.py", *(argv or sys.argv[1:])]),
+          "splits": score(labels, notes, args.splits, data), "reading": labels, "notes": notes}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
