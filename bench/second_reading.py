@@ -11,10 +11,15 @@ careful readings disagree, neither is wrong for sure.
                    folder with the readers' labels; FILE: a result of an earlier score (the
                    reading is kept in it, by a digest of each line's normalised text, so it can
                    be scored again against a corpus that has grown since).
+    relabel FILE   a split with the reading's labels in place of the writers' (a labelled JSONL
+                   file), so that `clawrl judge eval --data` scores any judge against the reading.
 
     .venv/bin/python bench/second_reading.py prepare $TMPDIR/reading --readers 8
     # ... each reader labels its chunk ...
     .venv/bin/python bench/second_reading.py score $TMPDIR/reading --out bench/results/second-reading.json
+    .venv/bin/python bench/second_reading.py relabel bench/results/second-reading.json --split test \
+        --out $TMPDIR/test-read.jsonl
+    .venv/bin/clawrl judge eval --backend probe --data $TMPDIR/test-read.jsonl
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import json
 import random
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from clawrl.judge import corpus
@@ -122,6 +128,12 @@ def score(labels: dict[str, int], notes: dict[str, str], splits: list[str], data
     return out
 
 
+def relabel(labels: dict[str, int], split: str, data: Path | None = None) -> str:
+    """The split's lines that were read, each with the reading's label."""
+    return corpus.render([replace(e, label=labels[digest(e.text)]) for e in corpus.load(split, data)
+                          if digest(e.text) in labels])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -132,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("score", help="score a reading against the corpus's labels")
     s.add_argument("source", help="a prepared folder with the readers' labels, or an earlier result")
     s.add_argument("--out")
+    r = sub.add_parser("relabel", help="write a split with the reading's labels")
+    r.add_argument("source", help="a result of score")
+    r.add_argument("--split", default="test", choices=corpus.SPLITS)
+    r.add_argument("--out", required=True, help="the labelled JSONL file to write")
     for q in (p, s):
         q.add_argument("--splits", nargs="+", default=["dev", "test"], choices=corpus.SPLITS)
+    for q in (p, s, r):
         q.add_argument("--data", help="a corpus folder (default: the built-in one)")
     args = ap.parse_args(argv)
     data = Path(args.data) if args.data else None
@@ -141,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(prepare(Path(args.folder), args.splits, args.readers, args.seed, data)))
         return 0
     source = Path(args.source)
+    if args.cmd == "relabel":
+        Path(args.out).write_text(relabel(json.loads(source.read_text())["reading"], args.split, data),
+                                  encoding="utf-8")
+        return 0
     if source.is_dir():
         labels, notes = collect(source)
     else:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from clawrl.judge import corpus
 from conftest import bench_module
 
 second_reading = bench_module("second_reading")
@@ -61,6 +62,11 @@ def test_a_reading_is_scored_against_the_labels_and_again_from_its_result(data, 
     capsys.readouterr()
     second_reading.main(["score", str(result), "--data", str(data)])
     assert json.loads(capsys.readouterr().out)["splits"] == splits
+    # the split with the reading's labels, for `clawrl judge eval --data`
+    relabelled = tmp_path / "dev-read.jsonl"
+    second_reading.main(["relabel", str(result), "--split", "dev", "--data", str(data), "--out", str(relabelled)])
+    assert [(e.text, e.label) for e in corpus.read(relabelled)] == \
+        [(t, read.get(t, lab)) for t, lab in LINES["dev"]]
 
 
 def test_an_unfinished_reading_is_refused(data, tmp_path):
