@@ -6,11 +6,14 @@ careful readings disagree, neither is wrong for sure.
                    readers' brief (BRIEF.md). Each reader gets one chunk and the brief, and writes
                    labels<i>.jsonl ({"id", "label", "note"?} per line). The key from a reader's id
                    to its line (.key.json) stays in DIR: readers are told to open nothing else.
-    score DIR|FILE the readers' labels against the corpus's, per split: agreement, the confusion,
+    score DIR|FILE...
+                   the readers' labels against the corpus's, per split: agreement, the confusion,
                    the lines read with the other sign, and each disagreement. DIR: a prepared
                    folder with the readers' labels; FILE: a result of an earlier score (the
                    reading is kept in it, by a digest of each line's normalised text, so it can
-                   be scored again against a corpus that has grown since).
+                   be scored again against a corpus that has grown since). Several are merged:
+                   `prepare --skip FILE` leaves out the lines an earlier reading read, so a
+                   grown corpus needs only its new lines read.
     relabel FILE   a split with the reading's labels in place of the writers' (a labelled JSONL
                    file), so that `clawrl judge eval --data` scores any judge against the reading.
 
@@ -72,8 +75,10 @@ def digest(text: str) -> str:
     return hashlib.sha256(corpus.normalise(text).encode()).hexdigest()[:16]
 
 
-def prepare(folder: Path, splits: list[str], readers: int, seed: int, data: Path | None = None) -> dict:
-    rows = [(s, e) for s in splits for e in corpus.load(s, data)]
+def prepare(folder: Path, splits: list[str], readers: int, seed: int, data: Path | None = None,
+            skip: dict | None = None) -> dict:
+    """`skip`: an earlier reading; the lines it read are left out."""
+    rows = [(s, e) for s in splits for e in corpus.load(s, data) if digest(e.text) not in (skip or {})]
     random.Random(seed).shuffle(rows)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "BRIEF.md").write_text(BRIEF, encoding="utf-8")
@@ -113,11 +118,12 @@ def collect(folder: Path) -> tuple[dict[str, int], dict[str, str]]:
 def score(labels: dict[str, int], notes: dict[str, str], splits: list[str], data: Path | None = None) -> dict:
     out = {}
     for split in splits:
-        lines = [(e, labels[digest(e.text)]) for e in corpus.load(split, data) if digest(e.text) in labels]
+        examples = corpus.load(split, data)
+        lines = [(e, labels[digest(e.text)]) for e in examples if digest(e.text) in labels]
         n = len(lines)
         pairs = Counter((e.label, r) for e, r in lines)
         out[split] = {
-            "n": n,
+            "n": n, "unread": len(examples) - n,
             "agreement": sum(e.label == r for e, r in lines) / n if n else 0.0,
             "other_sign": sum(e.label * r == -1 for e, r in lines),
             "other_sign_rate": sum(e.label * r == -1 for e, r in lines) / n if n else 0.0,
@@ -141,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folder")
     p.add_argument("--readers", type=int, default=8)
     p.add_argument("--seed", type=int, default=19)
+    p.add_argument("--skip", help="an earlier result of score: the lines it read are left out")
     s = sub.add_parser("score", help="score a reading against the corpus's labels")
-    s.add_argument("source", help="a prepared folder with the readers' labels, or an earlier result")
+    s.add_argument("sources", nargs="+", help="prepared folders with the readers' labels, or earlier "
+                   "results (merged: a line read in several takes the last)")
     s.add_argument("--out")
     r = sub.add_parser("relabel", help="write a split with the reading's labels")
     r.add_argument("source", help="a result of score")
@@ -155,18 +163,22 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = Path(args.data) if args.data else None
     if args.cmd == "prepare":
-        print(json.dumps(prepare(Path(args.folder), args.splits, args.readers, args.seed, data)))
+        skip = json.loads(Path(args.skip).read_text())["reading"] if args.skip else None
+        print(json.dumps(prepare(Path(args.folder), args.splits, args.readers, args.seed, data, skip)))
         return 0
-    source = Path(args.source)
     if args.cmd == "relabel":
-        Path(args.out).write_text(relabel(json.loads(source.read_text())["reading"], args.split, data),
-                                  encoding="utf-8")
+        Path(args.out).write_text(relabel(json.loads(Path(args.source).read_text())["reading"], args.split,
+                                          data), encoding="utf-8")
         return 0
-    if source.is_dir():
-        labels, notes = collect(source)
-    else:
-        earlier = json.loads(source.read_text())
-        labels, notes = earlier["reading"], earlier.get("notes", {})
+    labels, notes = {}, {}
+    for source in map(Path, args.sources):
+        if source.is_dir():
+            more, more_notes = collect(source)
+        else:
+            earlier = json.loads(source.read_text())
+            more, more_notes = earlier["reading"], earlier.get("notes", {})
+        labels.update(more)
+        notes.update(more_notes)
     emit({"command": " ".join(["bench/second_reading.py", *(argv or sys.argv[1:])]),
           "splits": score(labels, notes, args.splits, data), "reading": labels, "notes": notes}, args.out)
     return 0

@@ -55,7 +55,7 @@ def test_a_reading_is_scored_against_the_labels_and_again_from_its_result(data, 
     result = tmp_path / "result.json"
     second_reading.main(["score", str(out), "--data", str(data), "--out", str(result)])
     splits = json.loads(result.read_text())["splits"]
-    assert splits["dev"]["n"] == 4 and splits["dev"]["agreement"] == 0.75
+    assert splits["dev"]["n"] == 4 and splits["dev"]["unread"] == 0 and splits["dev"]["agreement"] == 0.75
     assert splits["dev"]["other_sign"] == 1 and splits["dev"]["confusion"]["1"]["-1"] == 1
     assert splits["test"]["other_sign"] == 0 and splits["test"]["agreement"] == pytest.approx(2 / 3)
     assert splits["test"]["disagreements"] == [{"text": "brb", "label": 0, "reading": 1, "note": "unsure"}]
@@ -76,3 +76,26 @@ def test_an_unfinished_reading_is_refused(data, tmp_path):
     (out / "labels0.jsonl").write_text(json.dumps({"id": first["id"], "label": 0}) + "\n")
     with pytest.raises(SystemExit, match="have no reader's label"):
         second_reading.main(["score", str(out), "--data", str(data)])
+
+
+def test_a_grown_corpus_has_only_its_new_lines_read(data, tmp_path):
+    first, result = tmp_path / "first", tmp_path / "first.json"
+    second_reading.main(["prepare", str(first), "--readers", "1", "--data", str(data)])
+    for r in chunks(first):
+        with open(first / "labels0.jsonl", "a") as f:
+            f.write(json.dumps({"id": r["id"], "label": 0}) + "\n")
+    second_reading.main(["score", str(first), "--data", str(data), "--out", str(result)])
+    with open(data / "dev.jsonl", "a") as f:                  # the corpus grows by a line
+        f.write(json.dumps({"text": "ok that fixed it", "label": 1}) + "\n")
+    assert json.loads(result.read_text())["splits"]["dev"]["unread"] == 0
+    second_reading.main(["score", str(result), "--data", str(data), "--out", str(result)])
+    assert json.loads(result.read_text())["splits"]["dev"]["unread"] == 1
+    more = tmp_path / "more"
+    second_reading.main(["prepare", str(more), "--readers", "1", "--data", str(data), "--skip", str(result)])
+    (row,) = chunks(more)
+    assert row["text"] == "ok that fixed it"
+    (more / "labels0.jsonl").write_text(json.dumps({"id": row["id"], "label": 1}) + "\n")
+    merged = tmp_path / "merged.json"
+    second_reading.main(["score", str(result), str(more), "--data", str(data), "--out", str(merged)])
+    dev = json.loads(merged.read_text())["splits"]["dev"]
+    assert dev["unread"] == 0 and dev["n"] == 5
