@@ -41,3 +41,10 @@ def test_out_of_reach_floors_fall_back_to_right_votes_less_the_wrong_ones():
     assert dev["correction_recall"] < probe.RECALL_FLOORS[0]
     assert dev["wrong_sign_rate"] <= probe.MAX_WRONG_SIGN
     assert tn > 0.5                   # the ambiguous rows are left at 0
+
+
+def test_a_vote_is_never_the_less_likely_sign():
+    # p(+1) reaches the approval threshold, but the head finds a correction likelier: no vote
+    probs = torch.tensor([[0.56, 0.02, 0.42], [0.30, 0.02, 0.68], [0.80, 0.05, 0.15], [0.45, 0.10, 0.45]])
+    assert decide(probs, threshold=0.76, approval=0.40) == [0, 1, -1, 0]
+    assert decide(probs, threshold=0.40, approval=0.40) == [-1, 1, -1, -1]     # a tie is a correction
