@@ -3,7 +3,6 @@ Llama layer's Linears, every consolidation method must have its passes, and the 
 them. Fast: a tiny random Llama, no weights."""
 from __future__ import annotations
 
-
 import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
