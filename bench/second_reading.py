@@ -40,7 +40,6 @@ from clawrl.judge import corpus
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit  # noqa: E402
 
-# The corpus README's meaning of each label, which the writers were given too.
 BRIEF = """# Reading task: what does the user's next message say about the assistant's answer?
 
 Each line of your chunk file is a JSON object: `id`, `context` (the conversation so far, ending
@@ -48,26 +47,25 @@ with the assistant's answer) and `text` (the user's next message). For every lin
 context and the text yourself and decide the verdict the text carries on the assistant's LAST
 answer:
 
-- **-1**: the answer failed. A correction (of a fact, a sum, code that errors), a complaint, a
-  request to redo, the same request rephrased, a form preference that was missed (length,
-  format, markdown, emojis, language, units, tone, openers and closers), a misunderstanding
-  ("I meant the train, not the bus"), an implicit correction ("that date is off by a year"),
-  a correction aimed at the future ("next time just the number"), sarcasm about a failure, and
-  mixed messages whose point is the criticism ("thanks, but step 2 is wrong").
-- **+1**: the answer worked. Thanks, approval, "it works", terse approvals ("ty", "🙏"), and
-  moving on with a follow-up that takes the answer as good ("great, now do March").
-- **0**: no evidence either way. An unrelated new request, small talk, "brb", and replies
-  whose meaning for the answer is unclear (a bare "ok", "hmm").
-
+{meanings}
 Rules:
 - Judge every line by reading it. Do not write a program, keyword list or heuristic that
   assigns labels; you may use a script only to split the file into pieces you read and to
   write your answers out.
 - Open no other file: your chunk file and this brief are all you need.
-- Write one JSON object per line to your output file: `{"id": "...", "label": -1|0|1}`,
+- Write one JSON object per line to your output file: `{{"id": "...", "label": -1|0|1}}`,
   one for every id in your chunk, in any order. Add `"note": "..."` (a few words) only where
   you found the line genuinely ambiguous.
 """
+
+
+def label_meanings() -> str:
+    """What each label means, as the corpus README gives it (its `label` item's sub-list): the
+    readers get the same words as the corpus's users."""
+    lines = (corpus.CORPUS_DIR / "README.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("- `label` (required):") + 1
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("  "))
+    return "".join(line[2:] + "\n" for line in lines[start:end])
 
 
 def digest(text: str) -> str:
@@ -81,7 +79,7 @@ def prepare(folder: Path, splits: list[str], readers: int, seed: int, data: Path
     rows = [(s, e) for s in splits for e in corpus.load(s, data) if digest(e.text) not in (skip or {})]
     random.Random(seed).shuffle(rows)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "BRIEF.md").write_text(BRIEF, encoding="utf-8")
+    (folder / "BRIEF.md").write_text(BRIEF.format(meanings=label_meanings()), encoding="utf-8")
     key = {}
     for c in range(readers):
         with open(folder / f"chunk{c}.jsonl", "w", encoding="utf-8") as f:
@@ -119,18 +117,19 @@ def score(labels: dict[str, int], notes: dict[str, str], splits: list[str], data
     out = {}
     for split in splits:
         examples = corpus.load(split, data)
-        lines = [(e, labels[digest(e.text)]) for e in examples if digest(e.text) in labels]
+        keyed = [(e, digest(e.text)) for e in examples]
+        lines = [(e, labels[d], d) for e, d in keyed if d in labels]
         n = len(lines)
-        pairs = Counter((e.label, r) for e, r in lines)
+        pairs = Counter((e.label, r) for e, r, _ in lines)
+        other_sign = sum(e.label * r == -1 for e, r, _ in lines)
         out[split] = {
             "n": n, "unread": len(examples) - n,
-            "agreement": sum(e.label == r for e, r in lines) / n if n else 0.0,
-            "other_sign": sum(e.label * r == -1 for e, r in lines),
-            "other_sign_rate": sum(e.label * r == -1 for e, r in lines) / n if n else 0.0,
+            "agreement": sum(e.label == r for e, r, _ in lines) / n if n else 0.0,
+            "other_sign": other_sign, "other_sign_rate": other_sign / n if n else 0.0,
             "confusion": {str(g): {str(r): pairs[(g, r)] for r in corpus.LABELS} for g in corpus.LABELS},
             "disagreements": [{"text": e.text, "label": e.label, "reading": r,
-                               **({"note": notes[digest(e.text)]} if digest(e.text) in notes else {})}
-                              for e, r in lines if e.label != r]}
+                               **({"note": notes[d]} if d in notes else {})}
+                              for e, r, d in lines if e.label != r]}
     return out
 
 
